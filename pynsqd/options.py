@@ -1,0 +1,294 @@
+"""Command-line flags and TOML config files, the way NSQ's daemons take them.
+
+Each daemon declares its options once, as a dataclass whose fields carry a ``flag(...)``
+description. From that one declaration this module builds:
+
+- the command-line parser: ``--name=value``, ``--name value`` and the single-dash forms Go's
+  ``flag`` package also accepts; booleans as ``--name`` or ``--name=false``; repeatable flags;
+  Go durations (``250ms``, ``1m0s``, ``1h``);
+- the config-file reader (``--config FILE``, TOML, keys are flag names with ``_``, or the
+  ``cfg`` name NSQ uses where it differs);
+- precedence: a flag given on the command line beats the config file, which beats the default.
+
+Every problem is a ``UsageError`` whose text is one line; the command prints it and exits 1.
+Durations are held as integer nanoseconds, as Go's ``time.Duration`` is, so ``/config`` and
+``/info`` can report them in NSQ's units without rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+import tomllib
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+NS = 1
+US = 1_000
+MS = 1_000_000
+SECOND = 1_000_000_000
+MINUTE = 60 * SECOND
+HOUR = 60 * MINUTE
+
+_UNITS = {"ns": NS, "us": US, "µs": US, "μs": US, "ms": MS, "s": SECOND, "m": MINUTE, "h": HOUR}
+_DURATION_PART = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
+
+
+class UsageError(Exception):
+    """A bad flag, flag value or config file; the text is one line meant for the user."""
+
+
+def parse_duration(text: str) -> int:
+    """Parse a Go duration string (``"1h2m3.5s"``, ``"-250ms"``, ``"0"``) into nanoseconds."""
+    s = text.strip()
+    if not s:
+        raise ValueError(f"invalid duration {text!r}")
+    sign = 1
+    if s[0] in "+-":
+        sign = -1 if s[0] == "-" else 1
+        s = s[1:]
+    if s == "0":
+        return 0
+    total = 0.0
+    pos = 0
+    while pos < len(s):
+        m = _DURATION_PART.match(s, pos)
+        if m is None or m.group(1) in ("", "."):
+            raise ValueError(f"invalid duration {text!r}")
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos == 0:
+        raise ValueError(f"invalid duration {text!r}")
+    return sign * round(total)
+
+
+def format_duration(ns: int) -> str:
+    """Format nanoseconds the way Go's ``time.Duration.String`` does (``1m0s``, ``250ms``)."""
+    if ns == 0:
+        return "0s"
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    if ns < SECOND:
+        for unit, size in (("ms", MS), ("µs", US)):
+            if ns >= size:
+                return sign + _trim(ns / size) + unit
+        return f"{sign}{ns}ns"
+    hours, rest = divmod(ns, HOUR)
+    minutes, rest = divmod(rest, MINUTE)
+    out = sign
+    if hours:
+        out += f"{hours}h"
+    if hours or minutes:
+        out += f"{minutes}m"
+    return out + _trim(rest / SECOND) + "s"
+
+
+def _trim(value: float) -> str:
+    text = f"{value:.9f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def parse_bool(text: str) -> bool:
+    """Parse a boolean as Go's ``strconv.ParseBool`` does."""
+    low = text.strip()
+    if low in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if low in ("0", "f", "F", "false", "FALSE", "False"):
+        return False
+    raise ValueError(f"invalid boolean {text!r}")
+
+
+# --- declaring options -------------------------------------------------------------------
+
+KINDS = ("str", "int", "float", "bool", "duration", "strlist", "floatlist")
+
+
+def flag(
+    name: str,
+    default: Any,
+    help: str,
+    *,
+    kind: str = "",
+    cfg: str = "",
+    validate: Callable[[Any], str | None] | None = None,
+) -> Any:
+    """Declare a dataclass field as a command-line flag.
+
+    ``kind`` is inferred from the default where it can be (use ``"duration"`` explicitly for
+    nanosecond durations, ``"strlist"``/``"floatlist"`` for repeatable flags). ``cfg`` is the
+    config-file key when NSQ's differs from the flag name. ``validate`` returns an error text
+    for a bad value, or None.
+    """
+    if not kind:
+        kind = {bool: "bool", int: "int", float: "float", str: "str"}.get(type(default), "")
+    if kind not in KINDS:
+        raise TypeError(f"flag {name}: unknown kind {kind!r}")
+    meta = {"flag": name, "help": help, "kind": kind, "cfg": cfg, "validate": validate}
+    if kind in ("strlist", "floatlist"):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _convert(kind: str, raw: Any, name: str) -> Any:
+    """Turn a command-line string or a TOML value into the field's Python value."""
+    try:
+        if kind == "str":
+            if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+                raise ValueError(f"expected a string, got {raw!r}")
+            return str(raw)
+        if kind == "int":
+            if isinstance(raw, bool):
+                raise ValueError(f"expected an integer, got {raw!r}")
+            return int(raw, 0) if isinstance(raw, str) else int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind == "bool":
+            return parse_bool(raw) if isinstance(raw, str) else _strict_bool(raw)
+        if kind == "duration":
+            if isinstance(raw, bool):
+                raise ValueError(f"expected a duration, got {raw!r}")
+            if isinstance(raw, (int, float)):  # go-options reads bare numbers as milliseconds
+                return round(raw * MS)
+            return parse_duration(str(raw))
+        if kind == "strlist":
+            items = raw if isinstance(raw, list) else [raw]
+            return [str(x) for x in items]
+        if kind == "floatlist":
+            items = raw if isinstance(raw, list) else [raw]
+            out: list[float] = []
+            for item in items:
+                out.extend(float(p) for p in str(item).split(",") if p.strip())
+            return out
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"invalid value {raw!r} for flag --{name}: {exc}") from None
+    raise UsageError(f"flag --{name} has an unknown kind")
+
+
+def _strict_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    raise ValueError(f"expected a boolean, got {raw!r}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line and exit status 1 (NSQ's binaries exit 1 too)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+T = TypeVar("T")
+
+
+def build_parser(cls: type[Any], prog: str, description: str) -> argparse.ArgumentParser:
+    """The argparse parser for an options dataclass; every flag's default is SUPPRESS so the
+    resolver can tell a flag given on the command line from one left alone."""
+    parser = _Parser(prog=prog, description=description, allow_abbrev=False,
+                     argument_default=argparse.SUPPRESS)
+    parser.add_argument("--config", "-config", metavar="FILE", help="path to config file")
+    parser.add_argument("--version", "-version", action="store_true",
+                        help="print version string")
+    for field in dataclasses.fields(cls):
+        meta = field.metadata
+        if "flag" not in meta:
+            continue
+        name, kind = meta["flag"], meta["kind"]
+        names = [f"--{name}", f"-{name}"]
+        default = field.default if kind not in ("strlist", "floatlist") else []
+        shown = _show_default(kind, default)
+        help_text = f"{meta['help']} (default {shown})" if shown else meta["help"]
+        if kind == "bool":
+            parser.add_argument(*names, dest=field.name, nargs="?", const="true",
+                                metavar="BOOL", help=help_text)
+        elif kind in ("strlist", "floatlist"):
+            parser.add_argument(*names, dest=field.name, action="append", metavar="VALUE",
+                                help=help_text + " (may be given multiple times)")
+        else:
+            parser.add_argument(*names, dest=field.name, metavar=kind.upper(), help=help_text)
+    return parser
+
+
+def _show_default(kind: str, value: Any) -> str:
+    if kind == "duration":
+        return format_duration(value)
+    if kind in ("strlist", "floatlist"):
+        return ""
+    if value == "":
+        return ""
+    return str(value).lower() if isinstance(value, bool) else repr(value) if kind == "str" else str(value)
+
+
+def resolve(cls: type[T], argv: Sequence[str], prog: str, description: str) -> tuple[T, bool]:
+    """Parse ``argv`` (and the ``--config`` file it names) into an instance of ``cls``.
+
+    Returns ``(options, version_requested)``. Raises ``UsageError`` with a one-line text.
+    """
+    parser = build_parser(cls, prog, description)
+    ns = vars(parser.parse_args(list(argv)))
+    fields = {f.name: f for f in dataclasses.fields(cls) if "flag" in f.metadata}
+    values: dict[str, Any] = {}
+    config_path = ns.pop("config", None)
+    version = bool(ns.pop("version", False))
+    if config_path:
+        values.update(_load_config(config_path, fields))
+    for key, raw in ns.items():
+        field = fields[key]
+        kind = field.metadata["kind"]
+        if kind in ("strlist", "floatlist"):
+            converted: list[Any] = []
+            for item in raw:
+                converted.extend(_convert(kind, item, field.metadata["flag"]))
+            values[key] = converted
+        else:
+            values[key] = _convert(kind, raw, field.metadata["flag"])
+    for key, value in values.items():
+        check = fields[key].metadata["validate"]
+        problem = check(value) if check else None
+        if problem:
+            raise UsageError(f"invalid value for --{fields[key].metadata['flag']}: {problem}")
+    return cls(**values), version
+
+
+def _load_config(path: str, fields: dict[str, dataclasses.Field[Any]]) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise UsageError(f"failed to load config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"failed to parse config file {path}: {exc}") from None
+    by_key: dict[str, dataclasses.Field[Any]] = {}
+    for field in fields.values():
+        by_key[field.metadata["cfg"] or field.metadata["flag"].replace("-", "_")] = field
+    out: dict[str, Any] = {}
+    for key, raw in data.items():
+        field = by_key.get(key)
+        if field is None:
+            continue  # NSQ ignores keys it does not know (shared config files are common)
+        out[field.name] = _convert(field.metadata["kind"], raw, field.metadata["flag"])
+    return out
+
+
+def config_value(options: Any, cfg_name: str) -> Any:
+    """The value of the option whose config-file name is ``cfg_name`` (for ``GET /config``);
+    durations come back as nanoseconds, as Go's JSON encoding of ``time.Duration`` does."""
+    for field in dataclasses.fields(options):
+        meta = field.metadata
+        if "flag" in meta and (meta["cfg"] or meta["flag"].replace("-", "_")) == cfg_name:
+            return getattr(options, field.name)
+    raise KeyError(cfg_name)
+
+
+def run_cli(main: Callable[[list[str]], int], argv: list[str] | None = None) -> NoReturn:
+    """Run a command's ``main``; a ``UsageError`` becomes one line on stderr and exit 1."""
+    prog = sys.argv[0].rsplit("/", 1)[-1]
+    try:
+        code = main(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

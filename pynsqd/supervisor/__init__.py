@@ -1,0 +1,1 @@
+"""The ``nsqd-supervisor`` / ``nsqd`` command: starts the node and owns its process tree."""

@@ -1,0 +1,59 @@
+"""Shared fixtures: real daemons on free ports, torn down by pid; asyncio on uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import uvloop
+
+from tests.harness import Daemon
+
+T = TypeVar("T")
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on a fresh uvloop loop; fail if any exception reached the loop's handler."""
+    errors: list[dict[str, Any]] = []
+
+    def on_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        errors.append(context)
+
+    async def wrapper() -> T:
+        asyncio.get_running_loop().set_exception_handler(on_error)
+        return await coro
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        result = runner.run(wrapper())
+    if errors:
+        raise AssertionError(f"unhandled exception(s) in the event loop: {errors}")
+    return result
+
+
+@pytest.fixture
+def nsqd_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Start nsqd nodes: ``nsqd_factory("--mem-queue-size=10")`` → a started ``Daemon``."""
+    started: list[Daemon] = []
+
+    def make(*args: str, data_path: Path | None = None, start: bool = True) -> Daemon:
+        path = data_path or tmp_path / f"nsqd{len(started)}"
+        path.mkdir(parents=True, exist_ok=True)
+        daemon = Daemon("pynsqd.supervisor", [
+            "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+            f"--data-path={path}", "--log-level=debug", *args,
+        ], listeners=("TCP", "HTTP"))
+        started.append(daemon)
+        return daemon.start() if start else daemon
+
+    yield make
+    for daemon in started:
+        daemon.stop()
+
+
+@pytest.fixture
+def nsqd(nsqd_factory: Callable[..., Daemon]) -> Daemon:
+    """One nsqd node with default options."""
+    return nsqd_factory()

@@ -1,0 +1,181 @@
+"""Real daemons for tests: start on port 0, learn the bound addresses, stop by pid.
+
+Every daemon logs ``<NAME>: listening on <host>:<port>`` for each listener; ``Daemon``
+reads its output on a thread, waits (with a deadline) until the listeners it expects are
+announced, and exposes them. Each daemon runs in its own session so ``stop`` can signal the
+whole process group: TERM, wait, then KILL. All waits derive from ``TIMEOUT_SCALE``
+(environment ``PYNSQD_TEST_TIMEOUT_SCALE``) so a slow machine can stretch them at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+TIMEOUT_SCALE = float(os.environ.get("PYNSQD_TEST_TIMEOUT_SCALE", "1"))
+_LISTEN = re.compile(r"(\w+): listening on (\S+):(\d+)")
+
+
+def scaled(seconds: float) -> float:
+    return seconds * TIMEOUT_SCALE
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.005,
+             what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` (scaled)."""
+    end = time.monotonic() + scaled(timeout)
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {scaled(timeout):.1f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Daemon:
+    """One daemon process (``python -m <module> <args>``) started for a test."""
+
+    def __init__(self, module: str, args: Sequence[str], listeners: Sequence[str] = ("TCP", "HTTP"),
+                 env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+        self.module = module
+        self.args = list(args)
+        self.listeners = tuple(listeners)
+        self.env = env
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines: list[str] = []
+        self.addresses: dict[str, tuple[str, int]] = {}
+        self._cond = threading.Condition()
+        self._reader: threading.Thread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def start(self, timeout: float = 15.0) -> Daemon:
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.env:
+            env.update(self.env)
+        self.lines = []
+        self.addresses = {}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", self.module, *self.args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, cwd=self.cwd, start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        end = time.monotonic() + scaled(timeout)
+        with self._cond:
+            while not all(name in self.addresses for name in self.listeners):
+                if self.proc.poll() is not None:
+                    self._reader.join(1)
+                    raise RuntimeError(f"{self.module} exited with {self.proc.returncode}:\n{self.output}")
+                left = end - time.monotonic()
+                if left <= 0:
+                    self.kill()
+                    raise RuntimeError(f"{self.module} did not start in time:\n{self.output}")
+                self._cond.wait(min(left, 0.1))
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._cond:
+                self.lines.append(line)
+                m = _LISTEN.search(line)
+                if m and m.group(1) not in self.addresses:
+                    self.addresses[m.group(1)] = (m.group(2), int(m.group(3)))
+                self._cond.notify_all()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def output(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def signal(self, sig: int) -> None:
+        if self.running:
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float = 10.0) -> int:
+        assert self.proc is not None
+        code = self.proc.wait(scaled(timeout))
+        if self._reader is not None:
+            self._reader.join(scaled(timeout))
+        return code
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL the process group. Returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                return self.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill_group()
+        return self.proc.wait(scaled(timeout))
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group now (a crash)."""
+        if self.proc is not None:
+            self._kill_group()
+            self.proc.wait(scaled(10))
+            if self._reader is not None:
+                self._reader.join(scaled(5))
+
+    def _kill_group(self) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    # --- addresses ------------------------------------------------------------------------
+    def address(self, name: str) -> tuple[str, int]:
+        return self.addresses[name]
+
+    @property
+    def tcp(self) -> tuple[str, int]:
+        return self.addresses["TCP"]
+
+    @property
+    def http(self) -> tuple[str, int]:
+        return self.addresses["HTTP"]
+
+    @property
+    def http_url(self) -> str:
+        host, port = self.http
+        return f"http://{host}:{port}"
+
+    def wait_for_log(self, pattern: str, timeout: float = 5.0) -> str:
+        rx = re.compile(pattern)
+
+        def found() -> str | None:
+            with self._cond:
+                return next((line for line in self.lines if rx.search(line)), None)
+        return str(wait_for(found, timeout, what=f"log line matching {pattern!r}"))
+
+
+def connect(address: tuple[str, int], timeout: float = 5.0) -> socket.socket:
+    sock = socket.create_connection(address, timeout=scaled(timeout))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
