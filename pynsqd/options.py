@@ -23,7 +23,7 @@ import re
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 NS = 1
 US = 1_000
@@ -227,7 +227,7 @@ def resolve(cls: type[T], argv: Sequence[str], prog: str, description: str) -> t
     """
     parser = build_parser(cls, prog, description)
     ns = vars(parser.parse_args(list(argv)))
-    fields = {f.name: f for f in dataclasses.fields(cls) if "flag" in f.metadata}
+    fields = {f.name: f for f in dataclasses.fields(cast(Any, cls)) if "flag" in f.metadata}
     values: dict[str, Any] = {}
     config_path = ns.pop("config", None)
     version = bool(ns.pop("version", False))
@@ -264,10 +264,10 @@ def _load_config(path: str, fields: dict[str, dataclasses.Field[Any]]) -> dict[s
         by_key[field.metadata["cfg"] or field.metadata["flag"].replace("-", "_")] = field
     out: dict[str, Any] = {}
     for key, raw in data.items():
-        field = by_key.get(key)
-        if field is None:
+        known = by_key.get(key)
+        if known is None:
             continue  # NSQ ignores keys it does not know (shared config files are common)
-        out[field.name] = _convert(field.metadata["kind"], raw, field.metadata["flag"])
+        out[known.name] = _convert(known.metadata["kind"], raw, known.metadata["flag"])
     return out
 
 
@@ -281,9 +281,8 @@ def config_value(options: Any, cfg_name: str) -> Any:
     raise KeyError(cfg_name)
 
 
-def run_cli(main: Callable[[list[str]], int], argv: list[str] | None = None) -> NoReturn:
+def run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None = None) -> NoReturn:
     """Run a command's ``main``; a ``UsageError`` becomes one line on stderr and exit 1."""
-    prog = sys.argv[0].rsplit("/", 1)[-1]
     try:
         code = main(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:

@@ -76,7 +76,11 @@ class Daemon:
         with self._cond:
             while not all(name in self.addresses for name in self.listeners):
                 if self.proc.poll() is not None:
-                    self._reader.join(1)
+                    self._cond.release()
+                    try:
+                        self.wait()
+                    finally:
+                        self._cond.acquire()
                     raise RuntimeError(f"{self.module} exited with {self.proc.returncode}:\n{self.output}")
                 left = end - time.monotonic()
                 if left <= 0:
@@ -117,9 +121,16 @@ class Daemon:
     def wait(self, timeout: float = 10.0) -> int:
         assert self.proc is not None
         code = self.proc.wait(scaled(timeout))
-        if self._reader is not None:
-            self._reader.join(scaled(timeout))
+        self._release()
         return code
+
+    def _release(self) -> None:
+        """After exit: let the reader finish the output, then close the pipe."""
+        assert self.proc is not None
+        if self._reader is not None:
+            self._reader.join(scaled(5))
+        if self.proc.stdout is not None and (self._reader is None or not self._reader.is_alive()):
+            self.proc.stdout.close()
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, wait, then SIGKILL the process group. Returns the exit status."""
@@ -132,15 +143,13 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 pass
         self._kill_group()
-        return self.proc.wait(scaled(timeout))
+        return self.wait(timeout)
 
     def kill(self) -> None:
         """SIGKILL the whole process group now (a crash)."""
         if self.proc is not None:
             self._kill_group()
-            self.proc.wait(scaled(10))
-            if self._reader is not None:
-                self._reader.join(scaled(5))
+            self.wait()
 
     def _kill_group(self) -> None:
         assert self.proc is not None

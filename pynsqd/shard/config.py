@@ -15,7 +15,7 @@ import socket
 import zlib
 from collections.abc import Sequence
 
-from pynsqd.options import MINUTE, MS, SECOND, HOUR, UsageError, flag, resolve
+from pynsqd.options import HOUR, MINUTE, MS, SECOND, UsageError, flag, resolve
 
 LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
 
@@ -52,7 +52,8 @@ class NsqdOptions:
                         "(default is hash of hostname)", cfg="id")
     worker_id: bool = flag("worker-id", False, "[deprecated] use --node-id")
 
-    https_address: str = flag("https-address", "0.0.0.0:4152", "<addr>:<port> to listen on for HTTPS clients")
+    https_address: str = flag("https-address", "0.0.0.0:4152",
+                              "<addr>:<port> to listen on for HTTPS clients")
     http_address: str = flag("http-address", "0.0.0.0:4151", "<addr>:<port> to listen on for HTTP clients")
     tcp_address: str = flag("tcp-address", "0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
     auth_http_address: list[str] = flag("auth-http-address", [], "<addr>:<port> or a full url to query "
@@ -118,7 +119,8 @@ class NsqdOptions:
                                       "connection count per nsqd instance (default 0, i.e., unlimited)",
                                       validate=_non_negative)
 
-    statsd_address: str = flag("statsd-address", "", "UDP <addr>:<port> of a statsd daemon for pushing stats")
+    statsd_address: str = flag("statsd-address", "",
+                               "UDP <addr>:<port> of a statsd daemon for pushing stats")
     statsd_interval: int = flag("statsd-interval", 60 * SECOND, "duration between pushing to statsd",
                                 kind="duration")
     statsd_mem_stats: bool = flag("statsd-mem-stats", True, "toggle sending memory and GC stats to statsd")

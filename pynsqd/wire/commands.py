@@ -30,7 +30,7 @@ from __future__ import annotations
 import struct
 
 from pynsqd.wire.errors import ProtocolError
-from pynsqd.wire.names import is_valid_name
+from pynsqd.wire.names import go_quote, is_valid_name
 
 Command = tuple[bytes, list[bytes], "bytes | list[bytes] | None"]
 
@@ -129,7 +129,7 @@ class CommandParser:
             raise ProtocolError("E_INVALID", f"{cmd} insufficient number of parameters")
         topic = params[1].decode("utf-8", "replace")
         if not is_valid_name(topic):
-            desc = f'{cmd} topic name "{topic}" is not valid'
+            desc = f"{cmd} topic name {go_quote(topic)} is not valid"
             if name == b"MPUB":  # nsqd doubles the code in this one message
                 desc = "E_BAD_TOPIC " + desc
             raise ProtocolError("E_BAD_TOPIC", desc)

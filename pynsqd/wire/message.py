@@ -80,7 +80,7 @@ class IdFactory:
     Call ``next_ids(n)`` for a batch (MPUB) or ``next_id()`` for one.
     """
 
-    __slots__ = ("_prefix", "_shard", "_shard_bits", "_seq_max", "_tick", "_seq", "_clock")
+    __slots__ = ("_clock", "_prefix", "_seq", "_seq_max", "_shard", "_shard_bits", "_tick")
 
     def __init__(self, node_id: int, shard: int = 0, shards: int = 1,
                  clock: object = time.time_ns) -> None:

@@ -1,0 +1,139 @@
+"""The lifecycle of a running nsqd shard: bind, serve, exit (nsqd's New/Main/Exit).
+
+``NsqdNode(opts)`` binds the TCP and HTTP listeners and locks the data path in the
+constructor, so a port of 0 works and the caller knows the real addresses before serving.
+``main()`` serves until ``stop()`` (or SIGTERM/SIGINT, whose handlers only set an event),
+then ``exit()`` shuts down in phases: stop accepting, close client connections, persist
+every queue (in-flight and deferred messages go back to their queues, memory to disk),
+stop HTTP, release the data-path lock. Calling ``exit()`` twice is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+
+import uvicorn
+
+from pynsqd import NSQ_VERSION, __version__
+from pynsqd.netaddr import bind, bound_port, describe
+from pynsqd.options import UsageError
+from pynsqd.shard.broker import Broker
+from pynsqd.shard.config import NsqdOptions
+from pynsqd.shard.http import build_app
+from pynsqd.shard.protocol import ClientV2
+
+log = logging.getLogger("pynsqd.shard")
+
+
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn's server, minus its signal handling: the node owns SIGTERM and SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class NsqdNode:
+    """One nsqd node served by a single shard process."""
+
+    def __init__(self, opts: NsqdOptions) -> None:
+        self.opts = opts
+        self._lock_fd = self._lock_data_path(opts.data_dir)
+        self.broker = Broker(opts)
+        self.tcp_socket: socket.socket = bind(opts.tcp_address)
+        self.http_socket: socket.socket | None = bind(opts.http_address) if opts.http_address else None
+        self._stop = asyncio.Event()
+        self._exited = False
+        self._tcp_server: asyncio.AbstractServer | None = None
+        self._http_server: uvicorn.Server | None = None
+        self._http_task: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _lock_data_path(path: str) -> int:
+        try:
+            os.makedirs(path, exist_ok=True)
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise UsageError(f"failed to open --data-path={path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise UsageError(f"--data-path={path} in use (possibly by another instance of nsqd)") from None
+        return fd
+
+    @property
+    def tcp_port(self) -> int:
+        return bound_port(self.tcp_socket)
+
+    @property
+    def http_port(self) -> int:
+        return bound_port(self.http_socket) if self.http_socket else -1
+
+    def info(self) -> dict[str, object]:
+        """The static part of ``/info``."""
+        return {
+            "broadcast_address": self.opts.broadcast_address,
+            "hostname": socket.gethostname(),
+            "http_port": self.http_port,
+            "tcp_port": self.tcp_port,
+            "start_time": self.broker.start_time,
+            "max_heartbeat_interval": self.opts.max_heartbeat_interval,
+            "max_output_buffer_size": self.opts.max_output_buffer_size,
+            "max_output_buffer_timeout": self.opts.max_output_buffer_timeout,
+            "max_deflate_level": self.opts.max_deflate_level,
+        }
+
+    def stop(self) -> None:
+        """Ask ``main`` to exit (safe from a signal handler)."""
+        self._stop.set()
+
+    async def main(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        log.info("pynsqd %s (nsqd v%s compatible)", __version__, NSQ_VERSION)
+        log.info("ID: %d", self.opts.node_id)
+        self.broker.start(loop)
+        self._tcp_server = await loop.create_server(
+            lambda: ClientV2(self.broker, self.opts), sock=self.tcp_socket, backlog=1024)
+        log.info("TCP: listening on %s", describe(self.tcp_socket))
+        if self.http_socket is not None:
+            config = uvicorn.Config(build_app(self.broker, self.info()), lifespan="off",
+                                    access_log=False, log_config=None, server_header=False)
+            self._http_server = EmbeddedServer(config)
+            self._http_task = asyncio.create_task(self._http_server.serve(sockets=[self.http_socket]))
+            log.info("HTTP: listening on %s", describe(self.http_socket))
+        try:
+            await self._stop.wait()
+        finally:
+            await self.exit()
+
+    async def exit(self) -> None:
+        if self._exited:
+            return
+        self._exited = True
+        started = time.monotonic()
+        if self._tcp_server is not None:
+            self._tcp_server.close()
+        self.broker.exiting = True
+        clients = list(self.broker.clients)
+        for client in clients:
+            client.close()
+        if clients:
+            log.info("closed %d client connection(s)", len(clients))
+        self.broker.close()
+        if self._http_server is not None:
+            self._http_server.should_exit = True
+            if self._http_task is not None:
+                await self._http_task
+        os.close(self._lock_fd)
+        log.info("exited cleanly in %.3fs", time.monotonic() - started)

@@ -1,0 +1,3 @@
+from pynsqd.supervisor.cli import main
+
+main()

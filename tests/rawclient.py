@@ -1,0 +1,122 @@
+"""A blocking, frame-level V2 client for driving the server byte by byte in tests."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any
+
+from pynsqd.wire import MAGIC_V2
+from pynsqd.wire.commands import encode_identify, encode_rdy, encode_sub
+from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, FrameParser
+from pynsqd.wire.message import decode_message
+from tests.harness import connect, scaled
+
+
+class Message:
+    def __init__(self, data: bytes) -> None:
+        self.timestamp, self.attempts, self.id, self.body = decode_message(data)
+
+
+class RawClient:
+    """``RawClient(nsqd.tcp)`` connects and sends the magic; then send commands, read frames."""
+
+    def __init__(self, address: tuple[str, int], magic: bytes = MAGIC_V2) -> None:
+        self.sock = connect(address)
+        self.parser = FrameParser()
+        self.frames: list[tuple[int, bytes]] = []
+        if magic:
+            self.sock.sendall(magic)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RawClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def read_frame(self, timeout: float = 5.0, skip_heartbeats: bool = True) -> tuple[int, bytes]:
+        end = time.monotonic() + scaled(timeout)
+        while True:
+            while self.frames:
+                frame = self.frames.pop(0)
+                if skip_heartbeats and frame == (FRAME_RESPONSE, b"_heartbeat_"):
+                    continue
+                return frame
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no frame arrived in time")
+            self.sock.settimeout(left)
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("connection closed by server")
+            self.frames.extend(self.parser.feed(data))
+
+    def expect_response(self, expected: bytes | None = None, timeout: float = 5.0) -> bytes:
+        frame_type, data = self.read_frame(timeout)
+        assert frame_type == FRAME_RESPONSE, f"expected a response, got {frame_type} {data!r}"
+        if expected is not None:
+            assert data == expected
+        return data
+
+    def expect_ok(self) -> None:
+        self.expect_response(b"OK")
+
+    def expect_error(self, text: str, timeout: float = 5.0) -> None:
+        frame_type, data = self.read_frame(timeout)
+        assert (frame_type, data.decode()) == (FRAME_ERROR, text)
+
+    def read_message(self, timeout: float = 5.0) -> Message:
+        frame_type, data = self.read_frame(timeout)
+        assert frame_type == FRAME_MESSAGE, f"expected a message, got {frame_type} {data!r}"
+        return Message(data)
+
+    def read_messages(self, count: int, timeout: float = 5.0) -> list[Message]:
+        return [self.read_message(timeout) for _ in range(count)]
+
+    def expect_nothing(self, seconds: float) -> None:
+        """No frame other than heartbeats arrives for ``seconds`` (used to check that
+        something does *not* happen; the wait is the claim, not a synchronisation)."""
+        try:
+            frame = self.read_frame(seconds)
+        except TimeoutError:
+            return
+        raise AssertionError(f"unexpected frame {frame!r}")
+
+    def expect_closed(self, timeout: float = 5.0) -> None:
+        end = time.monotonic() + scaled(timeout)
+        while time.monotonic() < end:
+            self.sock.settimeout(max(0.01, end - time.monotonic()))
+            try:
+                data = self.sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            except ConnectionResetError:
+                return
+            if not data:
+                return
+            self.frames.extend(self.parser.feed(data))
+        raise AssertionError("connection still open")
+
+    # --- conveniences ---------------------------------------------------------------------
+    def identify(self, **fields: Any) -> dict[str, Any]:
+        body = {"feature_negotiation": True, **fields}
+        self.send(encode_identify(json.dumps(body).encode()))
+        data = self.expect_response()
+        return dict(json.loads(data))
+
+    def subscribe(self, topic: str, channel: str, rdy: int | None = None) -> None:
+        self.send(encode_sub(topic, channel))
+        self.expect_ok()
+        if rdy is not None:
+            self.send(encode_rdy(rdy))
+
+
+def pair(address: tuple[str, int]) -> socket.socket:
+    return connect(address)
