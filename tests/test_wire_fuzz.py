@@ -133,8 +133,8 @@ def test_frame_parser_random_bytes(data: st.DataObject, stream: bytes) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["t", "a.b_c-d", "x#ephemeral"]), st.binary(min_size=1, max_size=64)),
-                max_size=6))
+@given(st.lists(st.tuples(st.sampled_from(["t", "a.b_c-d", "x#ephemeral"]),
+                          st.binary(min_size=1, max_size=64)), max_size=6))
 def test_encoders_round_trip(pubs: list[tuple[str, bytes]]) -> None:
     wire = b"".join(c.encode_pub(t, b) for t, b in pubs)
     if pubs:
