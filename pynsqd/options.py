@@ -33,7 +33,8 @@ MINUTE = 60 * SECOND
 HOUR = 60 * MINUTE
 
 _UNITS = {"ns": NS, "us": US, "µs": US, "μs": US, "ms": MS, "s": SECOND, "m": MINUTE, "h": HOUR}
-_DURATION_PART = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION_PART = re.compile(r"([0-9]*)(?:\.([0-9]*))?(ns|us|µs|μs|ms|s|m|h)")
+_MAX_DURATION = (1 << 63) - 1
 
 
 class UsageError(Exception):
@@ -41,27 +42,40 @@ class UsageError(Exception):
 
 
 def parse_duration(text: str) -> int:
-    """Parse a Go duration string (``"1h2m3.5s"``, ``"-250ms"``, ``"0"``) into nanoseconds."""
-    s = text.strip()
-    if not s:
-        raise ValueError(f"invalid duration {text!r}")
-    sign = 1
-    if s[0] in "+-":
-        sign = -1 if s[0] == "-" else 1
+    """Parse a Go duration string (``"1h2m3.5s"``, ``"-250ms"``, ``"0"``) into nanoseconds.
+
+    Exactly as Go's ``time.ParseDuration``: integer arithmetic (a fraction of a nanosecond is
+    dropped), every number needs a unit, no spaces, and a value beyond int64 is an error.
+    Raises ``ValueError``.
+    """
+    s = text
+    neg = False
+    if s[:1] in ("+", "-"):
+        neg = s[0] == "-"
         s = s[1:]
     if s == "0":
         return 0
-    total = 0.0
+    if not s:
+        raise ValueError(f"invalid duration {text!r}")
+    total = 0
     pos = 0
     while pos < len(s):
         m = _DURATION_PART.match(s, pos)
-        if m is None or m.group(1) in ("", "."):
+        if m is None:
             raise ValueError(f"invalid duration {text!r}")
-        total += float(m.group(1)) * _UNITS[m.group(2)]
+        whole, frac, unit = m.group(1), m.group(2), m.group(3)
+        if not whole and not frac:
+            raise ValueError(f"invalid duration {text!r}")
+        scale = _UNITS[unit]
+        total += int(whole or "0") * scale
+        if frac:
+            total += int(frac) * scale // 10 ** len(frac)
+        if total > _MAX_DURATION + neg:
+            raise ValueError(f"invalid duration {text!r}")
         pos = m.end()
-    if pos == 0:
+    if total > _MAX_DURATION and not neg:
         raise ValueError(f"invalid duration {text!r}")
-    return sign * round(total)
+    return -total if neg else total
 
 
 def format_duration(ns: int) -> str:
@@ -70,11 +84,12 @@ def format_duration(ns: int) -> str:
         return "0s"
     sign = "-" if ns < 0 else ""
     ns = abs(ns)
-    if ns < SECOND:
-        for unit, size in (("ms", MS), ("µs", US)):
-            if ns >= size:
-                return sign + _trim(ns / size) + unit
+    if ns < US:
         return f"{sign}{ns}ns"
+    if ns < MS:
+        return sign + _decimal(ns, US) + "µs"
+    if ns < SECOND:
+        return sign + _decimal(ns, MS) + "ms"
     hours, rest = divmod(ns, HOUR)
     minutes, rest = divmod(rest, MINUTE)
     out = sign
@@ -82,12 +97,16 @@ def format_duration(ns: int) -> str:
         out += f"{hours}h"
     if hours or minutes:
         out += f"{minutes}m"
-    return out + _trim(rest / SECOND) + "s"
+    return out + _decimal(rest, SECOND) + "s"
 
 
-def _trim(value: float) -> str:
-    text = f"{value:.9f}".rstrip("0").rstrip(".")
-    return text or "0"
+def _decimal(value: int, unit: int) -> str:
+    """``value / unit`` in decimal without trailing zeros (``unit`` is a power of ten)."""
+    whole, frac = divmod(value, unit)
+    if not frac:
+        return str(whole)
+    digits = len(str(unit)) - 1
+    return f"{whole}." + f"{frac:0{digits}d}".rstrip("0")
 
 
 def parse_bool(text: str) -> bool:
@@ -113,19 +132,24 @@ def flag(
     kind: str = "",
     cfg: str = "",
     validate: Callable[[Any], str | None] | None = None,
+    parse: Callable[[Any], Any] | None = None,
+    bare: str | None = None,
 ) -> Any:
     """Declare a dataclass field as a command-line flag.
 
     ``kind`` is inferred from the default where it can be (use ``"duration"`` explicitly for
     nanosecond durations, ``"strlist"``/``"floatlist"`` for repeatable flags). ``cfg`` is the
     config-file key when NSQ's differs from the flag name. ``validate`` returns an error text
-    for a bad value, or None.
+    for a bad value, or None. ``parse`` replaces the kind's conversion of a command-line
+    string or TOML value (raise ``ValueError`` for a bad one); ``bare`` is the value of the
+    flag given without one (Go's ``IsBoolFlag``; booleans get ``"true"``).
     """
     if not kind:
         kind = {bool: "bool", int: "int", float: "float", str: "str"}.get(type(default), "")
     if kind not in KINDS:
         raise TypeError(f"flag {name}: unknown kind {kind!r}")
-    meta = {"flag": name, "help": help, "kind": kind, "cfg": cfg, "validate": validate}
+    meta = {"flag": name, "help": help, "kind": kind, "cfg": cfg, "validate": validate,
+            "parse": parse, "bare": "true" if kind == "bool" else bare}
     if kind in ("strlist", "floatlist"):
         return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -149,12 +173,17 @@ def _convert(kind: str, raw: Any, name: str) -> Any:
         if kind == "duration":
             if isinstance(raw, bool):
                 raise ValueError(f"expected a duration, got {raw!r}")
-            if isinstance(raw, (int, float)):  # go-options reads bare numbers as milliseconds
-                return round(raw * MS)
-            return parse_duration(str(raw))
+            if isinstance(raw, int):  # go-options reads integers as milliseconds
+                return raw * MS
+            if not isinstance(raw, str):
+                raise ValueError(f"expected a duration, got {raw!r}")
+            return parse_duration(raw)
         if kind == "strlist":
-            items = raw if isinstance(raw, list) else [raw]
-            return [str(x) for x in items]
+            if isinstance(raw, str):  # go-options splits a string on commas
+                return raw.split(",")
+            if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+                raise ValueError(f"expected a list of strings, got {raw!r}")
+            return list(raw)
         if kind == "floatlist":
             items = raw if isinstance(raw, list) else [raw]
             out: list[float] = []
@@ -164,6 +193,16 @@ def _convert(kind: str, raw: Any, name: str) -> Any:
     except (TypeError, ValueError) as exc:
         raise UsageError(f"invalid value {raw!r} for flag --{name}: {exc}") from None
     raise UsageError(f"flag --{name} has an unknown kind")
+
+
+def _convert_field(field: dataclasses.Field[Any], raw: Any) -> Any:
+    meta = field.metadata
+    if meta["parse"] is None:
+        return _convert(meta["kind"], raw, meta["flag"])
+    try:
+        return meta["parse"](raw)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"invalid value {raw!r} for flag --{meta['flag']}: {exc}") from None
 
 
 def _strict_bool(raw: Any) -> bool:
@@ -199,9 +238,9 @@ def build_parser(cls: type[Any], prog: str, description: str) -> argparse.Argume
         default = field.default if kind not in ("strlist", "floatlist") else []
         shown = _show_default(kind, default)
         help_text = f"{meta['help']} (default {shown})" if shown else meta["help"]
-        if kind == "bool":
-            parser.add_argument(*names, dest=field.name, nargs="?", const="true",
-                                metavar="BOOL", help=help_text)
+        if meta["bare"] is not None:
+            parser.add_argument(*names, dest=field.name, nargs="?", const=meta["bare"],
+                                metavar="BOOL" if kind == "bool" else kind.upper(), help=help_text)
         elif kind in ("strlist", "floatlist"):
             parser.add_argument(*names, dest=field.name, action="append", metavar="VALUE",
                                 help=help_text + " (may be given multiple times)")
@@ -226,8 +265,9 @@ def resolve(cls: type[T], argv: Sequence[str], prog: str, description: str) -> t
     Returns ``(options, version_requested)``. Raises ``UsageError`` with a one-line text.
     """
     parser = build_parser(cls, prog, description)
-    ns = vars(parser.parse_args(list(argv)))
-    fields = {f.name: f for f in dataclasses.fields(cast(Any, cls)) if "flag" in f.metadata}
+    all_fields = dataclasses.fields(cast(Any, cls))
+    ns = vars(parser.parse_args(_join_values(argv, all_fields)))
+    fields = {f.name: f for f in all_fields if "flag" in f.metadata}
     values: dict[str, Any] = {}
     config_path = ns.pop("config", None)
     version = bool(ns.pop("version", False))
@@ -239,16 +279,41 @@ def resolve(cls: type[T], argv: Sequence[str], prog: str, description: str) -> t
         if kind in ("strlist", "floatlist"):
             converted: list[Any] = []
             for item in raw:
-                converted.extend(_convert(kind, item, field.metadata["flag"]))
+                converted.extend(_convert_field(field, item))
             values[key] = converted
         else:
-            values[key] = _convert(kind, raw, field.metadata["flag"])
+            values[key] = _convert_field(field, raw)
     for key, value in values.items():
         check = fields[key].metadata["validate"]
         problem = check(value) if check else None
         if problem:
             raise UsageError(f"invalid value for --{fields[key].metadata['flag']}: {problem}")
     return cls(**values), version
+
+
+def _join_values(argv: Sequence[str], fields: tuple[dataclasses.Field[Any], ...]) -> list[str]:
+    """Turn ``--name value`` into ``--name=value`` for flags that take a value, so a value
+    that starts with ``-`` (``--max-req-timeout -1s``) is read as Go's ``flag`` reads it."""
+    takes_value = {"--config", "-config"}
+    for field in fields:
+        meta = field.metadata
+        if "flag" in meta and meta["bare"] is None:
+            takes_value.update((f"--{meta['flag']}", f"-{meta['flag']}"))
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            out.extend(args[i:])
+            break
+        if arg in takes_value and i + 1 < len(args):
+            out.append(f"{arg}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
 
 
 def _load_config(path: str, fields: dict[str, dataclasses.Field[Any]]) -> dict[str, Any]:
@@ -267,7 +332,7 @@ def _load_config(path: str, fields: dict[str, dataclasses.Field[Any]]) -> dict[s
         known = by_key.get(key)
         if known is None:
             continue  # NSQ ignores keys it does not know (shared config files are common)
-        out[known.name] = _convert(known.metadata["kind"], raw, known.metadata["flag"])
+        out[known.name] = _convert_field(known, raw)
     return out
 
 

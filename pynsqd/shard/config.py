@@ -13,9 +13,9 @@ import hashlib
 import os
 import socket
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from pynsqd.options import HOUR, MINUTE, MS, SECOND, UsageError, flag, resolve
+from pynsqd.options import HOUR, MINUTE, MS, SECOND, UsageError, flag, parse_bool, resolve
 
 LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
 
@@ -26,10 +26,28 @@ def default_node_id() -> int:
     return zlib.crc32(digest) % 1024
 
 
-def _one_of(*allowed: str):  # type: ignore[no-untyped-def]
+def _one_of(*allowed: str) -> Callable[[str], str | None]:
     def check(value: str) -> str | None:
         return None if value in allowed else f"must be one of {', '.join(allowed)}"
     return check
+
+
+def _lower(raw: object) -> str:
+    """nsqd lower-cases --log-level and --tls-min-version (``strings.ToLower``)."""
+    if not isinstance(raw, str):
+        raise ValueError(f"expected a string, got {raw!r}")
+    return raw.lower()
+
+
+def _tls_required(raw: object) -> str:
+    """nsqd's ``tlsRequiredOption``: ``tcp-https`` or any Go boolean, any case; the config
+    file may give a TOML boolean. Normalized to ``true``, ``false`` or ``tcp-https``."""
+    if isinstance(raw, bool):
+        return "true" if raw else "false"
+    text = str(raw).lower()
+    if text == "tcp-https":
+        return text
+    return "true" if parse_bool(text) else "false"
 
 
 def _positive(value: int) -> str | None:
@@ -45,7 +63,7 @@ class NsqdOptions:
     """The options of one nsqd node, as NSQ v1.3 names them (see NSQ-FACTS §1.1)."""
 
     log_level: str = flag("log-level", "info", "set log verbosity: debug, info, warn, error, or fatal",
-                          validate=_one_of(*LOG_LEVELS))
+                          validate=_one_of(*LOG_LEVELS), parse=_lower)
     log_prefix: str = flag("log-prefix", "[nsqd] ", "log message prefix")
     verbose: bool = flag("verbose", False, "[deprecated] has no effect, use --log-level")
     node_id: int = flag("node-id", -1, "unique part for message IDs, (int) in range [0,1024) "
@@ -84,10 +102,11 @@ class NsqdOptions:
                            validate=_positive)
     sync_timeout: int = flag("sync-timeout", 2 * SECOND, "duration of time per diskqueue fsync",
                              kind="duration", validate=_positive)
-    queue_scan_worker_pool_max: int = flag("queue-scan-worker-pool-max", 4, "max concurrency for "
-                                           "checking in-flight and deferred message timeouts")
-    queue_scan_selection_count: int = flag("queue-scan-selection-count", 20, "number of channels to "
-                                           "check per cycle (every 100ms) for in-flight and deferred timeouts")
+    queue_scan_worker_pool_max: int = flag("queue-scan-worker-pool-max", 4, "max concurrency "
+                                           "for checking in-flight and deferred message timeouts")
+    queue_scan_selection_count: int = flag("queue-scan-selection-count", 20, "number of channels "
+                                           "to check per cycle (every 100ms) for in-flight and "
+                                           "deferred timeouts")
 
     msg_timeout: int = flag("msg-timeout", 60 * SECOND, "default duration to wait before auto-requeing "
                             "a message", kind="duration", validate=_positive)
@@ -126,7 +145,8 @@ class NsqdOptions:
     statsd_mem_stats: bool = flag("statsd-mem-stats", True, "toggle sending memory and GC stats to statsd")
     statsd_prefix: str = flag("statsd-prefix", "nsq.%s", "prefix used for keys sent to statsd "
                               "(%s for host replacement)")
-    statsd_udp_packet_size: int = flag("statsd-udp-packet-size", 508, "the size in bytes of statsd UDP packets")
+    statsd_udp_packet_size: int = flag("statsd-udp-packet-size", 508,
+                                       "the size in bytes of statsd UDP packets")
     statsd_exclude_ephemeral: bool = flag("statsd-exclude-ephemeral", False, "omit ephemeral topics "
                                           "and channels from statsd metrics")
 
@@ -144,10 +164,12 @@ class NsqdOptions:
                                        validate=_one_of("", "require", "require-verify"))
     tls_root_ca_file: str = flag("tls-root-ca-file", "", "path to certificate authority file")
     tls_required: str = flag("tls-required", "false", "require TLS for client connections "
-                             "(true, false, tcp-https)", validate=_one_of("true", "false", "tcp-https"))
+                             "(true, false, tcp-https)", validate=_one_of("true", "false", "tcp-https"),
+                             parse=_tls_required, bare="true")
     tls_min_version: str = flag("tls-min-version", "tls1.0", "minimum SSL/TLS version acceptable "
                                 "('tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')",
-                                validate=_one_of("", "tls1.0", "tls1.1", "tls1.2", "tls1.3"))
+                                validate=_one_of("", "tls1.0", "tls1.1", "tls1.2", "tls1.3"),
+                                parse=_lower)
     deflate: bool = flag("deflate", True, "enable deflate feature negotiation (client compression)")
     max_deflate_level: int = flag("max-deflate-level", 6, "max deflate compression level a client "
                                   "can negotiate (> values == > nsqd CPU usage)")

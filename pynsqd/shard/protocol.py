@@ -39,8 +39,8 @@ from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.identify import Settings, negotiate
 from pynsqd.shard.inflight import InFlightTable
 from pynsqd.wire import MAGIC_V2
-from pynsqd.wire.commands import CommandParser
-from pynsqd.wire.errors import ProtocolError
+from pynsqd.wire.commands import CommandParser, ms_to_duration_ns, parse_base10
+from pynsqd.wire.errors import ProtocolError, go_quote
 from pynsqd.wire.frames import (
     CLOSE_WAIT_FRAME,
     FRAME_ERROR,
@@ -50,7 +50,7 @@ from pynsqd.wire.frames import (
     encode_frame,
     encode_response,
 )
-from pynsqd.wire.names import go_quote, is_valid_name
+from pynsqd.wire.names import is_valid_name
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -62,11 +62,6 @@ _MSG_HEADER = struct.Struct(">ii")
 _ATTEMPTS = struct.Struct(">H")
 _pack_header = _MSG_HEADER.pack
 _pack_attempts_into = _ATTEMPTS.pack_into
-
-
-def _parse_base10(raw: bytes) -> int | None:
-    """nsqd's ByteToBase10: digits only, no sign."""
-    return int(raw) if raw.isdigit() and raw.isascii() else None
 
 
 class ClientV2(asyncio.Protocol):
@@ -147,14 +142,14 @@ class ClientV2(asyncio.Protocol):
             handler = self._handlers.get(name)
             try:
                 if handler is None:
-                    raise ProtocolError("E_INVALID", f"invalid command {name.decode('utf-8', 'replace')}")
+                    raise ProtocolError("E_INVALID", f"invalid command {name.decode('utf-8', 'surrogateescape')}")
                 handler(params, body)
             except ProtocolError as exc:
                 if exc.fatal:
                     self._fatal(exc)
                     return
                 log.debug("client(%s) %s", self.remote_address, exc.text)
-                self._send(encode_frame(FRAME_ERROR, exc.text.encode()))
+                self._send(encode_frame(FRAME_ERROR, exc.encode_text()))
             if self._closing:
                 return
 
@@ -204,7 +199,7 @@ class ClientV2(asyncio.Protocol):
 
     def _fatal(self, exc: ProtocolError) -> None:
         log.error("client(%s) - %s", self.remote_address, exc.text)
-        self._send(encode_frame(FRAME_ERROR, exc.text.encode()))
+        self._send(encode_frame(FRAME_ERROR, exc.encode_text()))
         self.close()
 
     def close(self) -> None:
@@ -305,12 +300,12 @@ class ClientV2(asyncio.Protocol):
             raise ProtocolError("E_INVALID", "cannot SUB with heartbeats disabled")
         if len(params) < 3:
             raise ProtocolError("E_INVALID", "SUB insufficient number of parameters")
-        topic_name = params[1].decode("utf-8", "replace")
+        topic_name = params[1].decode("utf-8", "surrogateescape")
         if not is_valid_name(topic_name):
-            raise ProtocolError("E_BAD_TOPIC", f"SUB topic name {go_quote(topic_name)} is not valid")
-        channel_name = params[2].decode("utf-8", "replace")
+            raise ProtocolError("E_BAD_TOPIC", f"SUB topic name {go_quote(params[1])} is not valid")
+        channel_name = params[2].decode("utf-8", "surrogateescape")
         if not is_valid_name(channel_name):
-            raise ProtocolError("E_BAD_CHANNEL", f"SUB channel name {go_quote(channel_name)} is not valid")
+            raise ProtocolError("E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid")
         if self.broker.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed exiting")
         topic = self.broker.get_topic(topic_name)
@@ -330,12 +325,13 @@ class ClientV2(asyncio.Protocol):
             raise ProtocolError("E_INVALID", "cannot RDY in current state")
         count = 1
         if len(params) > 1:
-            parsed = _parse_base10(params[1])
-            if parsed is None:
-                raw = params[1].decode("utf-8", "replace")
-                raise ProtocolError("E_INVALID", f"RDY could not parse count {raw}")
-            count = parsed
-        if count > self.opts.max_rdy_count:
+            try:
+                parsed = parse_base10(params[1])
+            except ValueError:
+                raw = params[1].decode("utf-8", "surrogateescape")
+                raise ProtocolError("E_INVALID", f"RDY could not parse count {raw}") from None
+            count = parsed - (1 << 64) if parsed >= 1 << 63 else parsed  # Go's int64(uint64)
+        if not 0 <= count <= self.opts.max_rdy_count:
             raise ProtocolError("E_INVALID", f"RDY count {count} out of range 0-{self.opts.max_rdy_count}")
         self.rdy = count
         if self.channel is not None:
@@ -363,11 +359,12 @@ class ClientV2(asyncio.Protocol):
 
     def _req(self, params: list[bytes], body: Any) -> None:
         msg_id = self._message_id("REQ", params, 3)
-        timeout_ms = _parse_base10(params[2])
-        if timeout_ms is None:
-            raw = params[2].decode("utf-8", "replace")
-            raise ProtocolError("E_INVALID", f"REQ could not parse timeout {raw}")
-        delay = min(timeout_ms * MS, self.opts.max_req_timeout)
+        try:
+            timeout_ms = parse_base10(params[2])
+        except ValueError:
+            raw = params[2].decode("utf-8", "surrogateescape")
+            raise ProtocolError("E_INVALID", f"REQ could not parse timeout {raw}") from None
+        delay = min(max(ms_to_duration_ns(timeout_ms), 0), self.opts.max_req_timeout)
         assert self.channel is not None
         if self.broker.exiting:
             raise ProtocolError("E_REQ_FAILED", f"REQ {msg_id.decode('latin-1')} failed exiting")

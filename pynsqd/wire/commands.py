@@ -21,16 +21,25 @@ Checks that depend on the connection's state (SUB after SUB, FIN before SUB, …
 server's, in ``pynsqd.shard.protocol``.
 
 Differences from nsqd, on purpose: an over-long command line (NSQ: 16 KiB bufio buffer, then
-a silent close) gets ``E_INVALID command line too long``; an MPUB whose declared body size is
-larger than its messages has the surplus discarded (NSQ would parse it as the next command).
+a silent close) gets ``E_INVALID command line too long``. nsqd reads MPUB's messages straight
+off the stream after checking the declared body size, without cross-checking the two; here the
+messages must fit in the declared body, so one MPUB never buffers more than
+``--max-body-size``: a message that would run past it fails at once with nsqd's "failed to
+read" error, and a surplus after the last message is discarded (nsqd would parse it as the
+next command). Well-formed MPUBs, and every error a well-formed stream can produce, are
+byte-for-byte nsqd's.
+
+Numbers (DPUB's delay) are parsed as nsqd's ``ByteToBase10`` does (``parse_base10``), and
+names in error texts are quoted as Go's ``%q`` does (``go_quote``), so error frames match
+nsqd's byte for byte.
 """
 
 from __future__ import annotations
 
 import struct
 
-from pynsqd.wire.errors import ProtocolError
-from pynsqd.wire.names import go_quote, is_valid_name
+from pynsqd.wire.errors import ProtocolError, go_quote
+from pynsqd.wire.names import is_valid_name
 
 Command = tuple[bytes, list[bytes], "bytes | list[bytes] | None"]
 
@@ -47,7 +56,8 @@ class CommandParser:
     """Incremental parser of the command stream that follows the magic.
 
     ``max_msg_size`` and ``max_body_size`` are nsqd's ``--max-msg-size`` and
-    ``--max-body-size``; ``max_req_timeout_ms`` bounds DPUB's delay.
+    ``--max-body-size``; ``max_req_timeout_ms`` bounds DPUB's delay. ``max_line`` is the
+    longest command line *including* its ``\\n`` (nsqd's 16 KiB read buffer).
     """
 
     def __init__(self, max_msg_size: int = 1048576, max_body_size: int = 5242880,
@@ -59,6 +69,10 @@ class CommandParser:
         self._buf = bytearray()
         self._pending: tuple[bytes, list[bytes]] | None = None  # command waiting for its body
         self._body_size = -1  # size of the pending body, once its 4 bytes have arrived
+        # MPUB, checked while its body arrives: offset checked so far, count, bodies so far
+        self._mpub_off = 0
+        self._mpub_count = -1
+        self._mpub_bodies: list[bytes] = []
         self._failed = False
 
     @property
@@ -72,7 +86,11 @@ class CommandParser:
         return len(self._buf)
 
     def feed(self, data: bytes) -> list[Command | ProtocolError]:
-        """Add received bytes; return the commands they complete (and maybe a final error)."""
+        """Add received bytes; return the commands they complete (and maybe a final error).
+
+        An error is reported as soon as the bytes that break a rule have arrived (a bad
+        header does not wait for the body it announces); after it, ``feed`` returns ``[]``.
+        """
         if self._failed:
             return []
         buf = self._buf
@@ -80,6 +98,7 @@ class CommandParser:
         out: list[Command | ProtocolError] = []
         pos = 0
         end = len(buf)
+        max_line = self.max_line
         try:
             while pos < end:
                 if self._pending is not None:
@@ -87,9 +106,9 @@ class CommandParser:
                     if self._pending is not None:
                         break  # body incomplete
                     continue
-                nl = buf.find(b"\n", pos)
+                nl = buf.find(b"\n", pos, pos + max_line)
                 if nl < 0:
-                    if end - pos > self.max_line:
+                    if end - pos >= max_line:
                         raise ProtocolError("E_INVALID", "command line too long")
                     break
                 line = bytes(buf[pos:nl])
@@ -106,6 +125,8 @@ class CommandParser:
                     out.append((name, params, None))
         except ProtocolError as exc:
             self._failed = True
+            self._pending = None
+            self._mpub_bodies = []
             buf.clear()
             out.append(exc)
             return out
@@ -127,23 +148,20 @@ class CommandParser:
         need = 3 if name == b"DPUB" else 2
         if len(params) < need:
             raise ProtocolError("E_INVALID", f"{cmd} insufficient number of parameters")
-        topic = params[1].decode("utf-8", "replace")
-        if not is_valid_name(topic):
-            desc = f"{cmd} topic name {go_quote(topic)} is not valid"
+        if not is_valid_name(params[1].decode("utf-8", "replace")):
+            desc = f"{cmd} topic name {go_quote(params[1])} is not valid"
             if name == b"MPUB":  # nsqd doubles the code in this one message
                 desc = "E_BAD_TOPIC " + desc
             raise ProtocolError("E_BAD_TOPIC", desc)
         if name == b"DPUB":
             raw = params[2]
             try:
-                if not raw.lstrip(b"+-").isdigit():
-                    raise ValueError
-                ms = int(raw)
+                ms = parse_base10(raw)
             except ValueError:
-                raise ProtocolError(
-                    "E_INVALID", f"DPUB could not parse timeout {raw.decode('utf-8', 'replace')}"
-                ) from None
-            if not 0 <= ms <= self.max_req_timeout_ms:
+                text = raw.decode("utf-8", "surrogateescape")
+                raise ProtocolError("E_INVALID", f"DPUB could not parse timeout {text}") from None
+            delay = ms_to_duration_ns(ms)
+            if delay < 0 or delay > self.max_req_timeout_ms * 1_000_000:
                 raise ProtocolError(
                     "E_INVALID", f"DPUB timeout {ms} out of range 0-{self.max_req_timeout_ms}")
 
@@ -158,11 +176,17 @@ class CommandParser:
             pos += 4
             self._check_body_size(name, size)
             self._body_size = size
+            self._mpub_off = 0
+            self._mpub_count = -1
+            self._mpub_bodies = []
         size = self._body_size
+        if name == b"MPUB":
+            self._scan_mpub(buf, pos, min(end - pos, size))
         if end - pos < size:
             return pos
+        body: bytes | list[bytes]
         if name == b"MPUB":
-            body: bytes | list[bytes] = self._split_mpub(buf, pos, size)
+            body, self._mpub_bodies = self._mpub_bodies, []
         else:
             body = bytes(buf[pos:pos + size])
         out.append((name, params, body))
@@ -171,15 +195,14 @@ class CommandParser:
         return pos + size
 
     def _check_body_size(self, name: bytes, size: int) -> None:
+        cmd = name.decode()
         if name in (b"PUB", b"DPUB"):
-            cmd = name.decode()
             if size <= 0:
                 raise ProtocolError("E_BAD_MESSAGE", f"{cmd} invalid message body size {size}")
             if size > self.max_msg_size:
                 raise ProtocolError("E_BAD_MESSAGE",
                                     f"{cmd} message too big {size} > {self.max_msg_size}")
             return
-        cmd = name.decode()
         if name == b"MPUB":
             if size <= 0:
                 raise ProtocolError("E_BAD_BODY", f"MPUB invalid body size {size}")
@@ -191,31 +214,71 @@ class CommandParser:
         if size <= 0:
             raise ProtocolError("E_BAD_BODY", f"{cmd} invalid body size {size}")
 
-    def _split_mpub(self, buf: bytearray, start: int, size: int) -> list[bytes]:
-        end = start + size
-        if size < 4:
-            raise ProtocolError("E_BAD_BODY", "MPUB failed to read message count")
-        count = _unpack_size(buf, start)[0]
-        if count <= 0 or count > (self.max_body_size - 4) // 5:
-            raise ProtocolError("E_BAD_BODY", f"MPUB invalid message count {count}")
-        pos = start + 4
+    def _scan_mpub(self, buf: bytearray, start: int, avail: int) -> None:
+        """Check the MPUB body's count and message sizes as soon as each arrives.
+
+        ``avail`` bytes of the body are at ``buf[start:]``. nsqd reads the messages straight
+        off the stream; here they must also fit in the declared body size, which bounds what
+        one command can make us buffer.
+        """
+        size = self._body_size
+        off = self._mpub_off
+        if self._mpub_count < 0:
+            if size < 4:
+                raise ProtocolError("E_BAD_BODY", "MPUB failed to read message count")
+            if avail < 4:
+                return
+            count = _unpack_size(buf, start)[0]
+            if count <= 0 or count > (self.max_body_size - 4) // 5:
+                raise ProtocolError("E_BAD_BODY", f"MPUB invalid message count {count}")
+            self._mpub_count = count
+            off = 4
+        bodies = self._mpub_bodies
         max_msg = self.max_msg_size
-        bodies: list[bytes] = []
-        append = bodies.append
-        for i in range(count):
-            if end - pos < 4:
+        while len(bodies) < self._mpub_count:
+            i = len(bodies)
+            if size - off < 4:
                 raise ProtocolError("E_BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
-            msg_size = _unpack_size(buf, pos)[0]
-            pos += 4
+            if avail - off < 4:
+                break
+            msg_size = _unpack_size(buf, start + off)[0]
             if msg_size <= 0:
                 raise ProtocolError("E_BAD_MESSAGE", f"MPUB invalid message({i}) body size {msg_size}")
             if msg_size > max_msg:
                 raise ProtocolError("E_BAD_MESSAGE", f"MPUB message too big {msg_size} > {max_msg}")
-            if end - pos < msg_size:
+            if size - off - 4 < msg_size:
                 raise ProtocolError("E_BAD_MESSAGE", "MPUB failed to read message body")
-            append(bytes(buf[pos:pos + msg_size]))
-            pos += msg_size
-        return bodies
+            if avail - off - 4 < msg_size:
+                break
+            bodies.append(bytes(buf[start + off + 4:start + off + 4 + msg_size]))
+            off += 4 + msg_size
+        self._mpub_off = off
+
+
+_U64 = 1 << 64
+_I64 = 1 << 63
+
+
+def parse_base10(raw: bytes) -> int:
+    """Parse a number the way nsqd's ``protocol.ByteToBase10`` does (DPUB, REQ and RDY).
+
+    Only ASCII digits are allowed: no sign, no spaces. An empty string is 0. The value wraps
+    modulo 2**64, as Go's ``uint64`` arithmetic does. Raises ``ValueError``.
+    """
+    if raw and not raw.isdigit():  # bytes.isdigit() is ASCII-only
+        raise ValueError(f"failed to convert {raw!r} to base 10")
+    n = 0
+    for i in range(0, len(raw), 4000):  # int() refuses over 4300 digits at once
+        chunk = raw[i:i + 4000]
+        n = (n * 10 ** len(chunk) + int(chunk)) % _U64
+    return n
+
+
+def ms_to_duration_ns(ms: int) -> int:
+    """``time.Duration(ms) * time.Millisecond`` in Go: ``ms`` (a uint64 from ``parse_base10``)
+    becomes an int64 and the product wraps, so a huge value can come out negative."""
+    signed = (ms + _I64) % _U64 - _I64
+    return (signed * 1_000_000 + _I64) % _U64 - _I64
 
 
 # --- encoders (the client's side) ----------------------------------------------------------

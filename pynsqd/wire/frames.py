@@ -1,7 +1,7 @@
 """Server→client frames: ``[4B BE size][4B BE frame type][data]``, size = len(data) + 4.
 
 Frame types: 0 response, 1 error, 2 message. ``encode_*`` builds frames; ``FrameParser``
-is the sans-IO reader a client uses (``feed(bytes) -> [(type, data), ...]``).
+is the sans-IO reader a client uses (``feed(bytes) -> [(type, data), ..., maybe an error]``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def encode_response(data: bytes) -> bytes:
 
 def encode_error(error: ProtocolError) -> bytes:
     """An error frame for ``error``: ``"<CODE> <description>"``."""
-    return encode_frame(FRAME_ERROR, error.text.encode())
+    return encode_frame(FRAME_ERROR, error.encode_text())
 
 
 OK_FRAME = encode_response(OK)
@@ -43,34 +43,53 @@ HEARTBEAT_FRAME = encode_response(HEARTBEAT)
 CLOSE_WAIT_FRAME = encode_response(CLOSE_WAIT)
 
 
+Frame = tuple[int, bytes]
+
+
 class FrameParser:
     """Reads frames from a byte stream (the client's side of the connection).
 
-    ``feed`` returns complete frames as ``(frame_type, data)``; a frame whose size is
-    negative, below 4 or above ``max_frame_size`` raises ``ProtocolError`` (``E_BAD_BODY``).
+    ``feed`` returns complete frames as ``(frame_type, data)``. A frame whose size is below 4
+    or above ``max_frame_size`` ends the stream: it is reported, as soon as its 4 size bytes
+    arrive, as a final ``ProtocolError`` (``E_BAD_BODY``) item after the frames before it,
+    as ``CommandParser`` does; ``feed`` then returns ``[]``. Frame types are not checked
+    (the client decides what an unknown type means).
     """
 
     def __init__(self, max_frame_size: int = 64 * 1024 * 1024) -> None:
         self._buf = bytearray()
         self._max = max_frame_size
+        self._failed = False
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+    def feed(self, data: bytes) -> list[Frame | ProtocolError]:
+        """Add received bytes; return the frames they complete (and maybe a final error)."""
+        if self._failed:
+            return []
         buf = self._buf
         buf += data
-        out: list[tuple[int, bytes]] = []
+        out: list[Frame | ProtocolError] = []
         pos = 0
         end = len(buf)
-        while end - pos >= 8:
-            size, frame_type = FRAME_HEADER.unpack_from(buf, pos)
+        while end - pos >= 4:
+            size = _SIZE.unpack_from(buf, pos)[0]
             if size < 4 or size > self._max:
-                raise ProtocolError("E_BAD_BODY", f"invalid frame size {size}")
+                self._failed = True
+                buf.clear()
+                out.append(ProtocolError("E_BAD_BODY", f"invalid frame size {size}"))
+                return out
             if end - pos - 4 < size:
                 break
+            frame_type = _SIZE.unpack_from(buf, pos + 4)[0]
             out.append((frame_type, bytes(buf[pos + 8:pos + 4 + size])))
             pos += 4 + size
         if pos:
             del buf[:pos]
         return out
+
+    @property
+    def failed(self) -> bool:
+        """True once a bad frame was reported; the parser then ignores further input."""
+        return self._failed
 
     @property
     def buffered(self) -> int:

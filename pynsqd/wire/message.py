@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable
 
 HEADER = struct.Struct(">qH16s")
 HEADER_SIZE = HEADER.size  # 26
@@ -63,8 +64,12 @@ def message_attempts(record: bytes) -> int:
 
 
 def with_attempts(record: bytes, attempts: int) -> bytes:
-    """A copy of ``record`` with its attempts counter replaced."""
-    return record[:ATTEMPTS_OFFSET] + ATTEMPTS.pack(attempts) + record[ID_OFFSET:]
+    """A copy of ``record`` with its attempts counter replaced.
+
+    The counter is a uint16 and wraps past 65535 as nsqd's ``msg.Attempts++`` does, so a
+    message redelivered that often keeps flowing instead of failing to encode.
+    """
+    return record[:ATTEMPTS_OFFSET] + ATTEMPTS.pack(attempts & 0xFFFF) + record[ID_OFFSET:]
 
 
 def shard_bits_for(shards: int) -> int:
@@ -77,13 +82,15 @@ def shard_bits_for(shards: int) -> int:
 class IdFactory:
     """Makes message ids unique within a node, for one shard of it.
 
-    Call ``next_ids(n)`` for a batch (MPUB) or ``next_id()`` for one.
+    Call ``next_ids(n)`` for a batch (MPUB) or ``next_id()`` for one. ``clock`` returns
+    Unix time in nanoseconds (inject a fake one in tests). Raises ``ValueError`` for a node
+    id outside [0,1024) or a shard outside [0,shards).
     """
 
     __slots__ = ("_clock", "_prefix", "_seq", "_seq_max", "_shard", "_shard_bits", "_tick")
 
     def __init__(self, node_id: int, shard: int = 0, shards: int = 1,
-                 clock: object = time.time_ns) -> None:
+                 clock: Callable[[], int] = time.time_ns) -> None:
         if not 0 <= node_id < 1024:
             raise ValueError(f"node id {node_id} out of range [0,1024)")
         if not 0 <= shard < shards:
@@ -97,7 +104,7 @@ class IdFactory:
         self._seq = 0
 
     def _now_tick(self) -> int:
-        return (self._clock() >> 20) - _TWEPOCH  # type: ignore[operator]
+        return (self._clock() >> 20) - _TWEPOCH
 
     def next_ids(self, count: int) -> list[bytes]:
         """``count`` new ids, increasing, as 16-byte ASCII hex."""
