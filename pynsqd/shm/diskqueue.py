@@ -23,10 +23,11 @@ stale metadata; opening repairs what it finds:
   than recorded: the files are scanned to rebuild the depth, writing moves to a fresh file;
 * a stale read position re-delivers records read since the last sync (at least once).
 
-A record that cannot be parsed while reading (size outside [min, max], a torn record, an
-unreadable file) makes the whole file ``<file>.bad``; reading goes on with the next file and
-the depth is recounted from the files that remain (one sequential scan, only on corruption).
-A failed write (ENOSPC, EFBIG) truncates what it wrote and raises; the queue is unchanged.
+A record that cannot be parsed while reading (size outside [min, max], a torn record) makes
+the whole file ``<file>.bad`` (a missing file is skipped); reading goes on with the next file
+and the depth is recounted from the files that remain (one sequential scan, only on
+corruption). Other read errors (EIO, EMFILE) raise and leave the file in place. A failed
+write (ENOSPC, EFBIG) truncates what it wrote and raises; the queue is unchanged.
 
 Speed: a batch is one ``pwrite`` of the joined records; reads ``pread`` 1 MiB at a time and
 parse records from memory (``diskqueue_format.parse_records``), so both run at millions of
@@ -219,6 +220,7 @@ class DiskQueue:
         return out
 
     def _read_locked(self, max_count: int, out: list[bytes]) -> bool:
+        """Fill ``out``; returns whether a sync is due (a file finished or skipped)."""
         due = False
         while len(out) < max_count:
             try:
@@ -233,12 +235,18 @@ class DiskQueue:
                         due = True
                         continue
                 self._read_step(end, max_count, out)
-            except (OSError, _Corrupt) as exc:
+            except (_Corrupt, FileNotFoundError) as exc:
                 self._skip_bad_file(exc)
                 # the caller subtracts what was read before the corruption
                 self._depth = len(out) + self._scanner.count_from(
                     self._read_file, self._write_file, self._write_pos)
                 due = True
+            except OSError as exc:      # EMFILE, EIO...: not the file's fault, keep it
+                self._reset_reader()
+                if not out:
+                    raise DiskQueueError(f"DISKQUEUE({self.name}) failed to read - {exc}") from exc
+                self._log.error("DISKQUEUE(%s) failed to read - %s", self.name, exc)
+                break
         return due
 
     def _read_step(self, end: int, max_count: int, out: list[bytes]) -> None:
@@ -319,7 +327,10 @@ class DiskQueue:
             self._seq += 1
             seq = self._seq
             meta = Meta(self._depth, self._read_file, self._read_pos, self._write_file, self._write_pos)
-            fds = list(self._rolled.values()) + ([os.dup(self._wfd)] if self._wfd >= 0 else [])
+            try:
+                fds = [*self._rolled.values(), *([os.dup(self._wfd)] if self._wfd >= 0 else [])]
+            except OSError as exc:
+                raise DiskQueueError(f"DISKQUEUE({self.name}) failed to sync - {exc}") from exc
             self._rolled = {}
             consumed, self._consumed = self._consumed, []
             self._count = 0
