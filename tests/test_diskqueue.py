@@ -317,6 +317,19 @@ def test_files_written_after_the_last_sync_are_found(open_queue: Opener, tmp_pat
     assert drain(recovered) == [msg(i) for i in range(14)]
 
 
+def test_write_file_shorter_than_metadata_is_rescanned(open_queue: Opener, tmp_path: Path) -> None:
+    queue = open_queue()
+    queue.put_many([msg(i) for i in range(10)])
+    queue.close()
+    os.truncate(tmp_path / "t.diskqueue.000000.dat", 70)   # lost 6.5 records the metadata counts
+    queue = open_queue()
+    assert queue.depth == 3
+    assert (tmp_path / "t.diskqueue.000000.dat").stat().st_size == 60   # torn record cut
+    queue.put(msg(10))
+    assert drain(queue) == [msg(0), msg(1), msg(2), msg(10)]
+    assert queue.depth == 0
+
+
 # ------------------------------------------------------------------ corruption while reading
 
 def test_corrupt_file_in_the_middle_is_skipped(open_queue: Opener, tmp_path: Path) -> None:

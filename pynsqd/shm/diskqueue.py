@@ -186,7 +186,8 @@ class DiskQueue:
         self._write_file, self._write_pos = orig_file, orig_pos
         self._read_end = None
         if not restored:   # never append after bytes that could not be removed
-            _close(self._wfd)
+            if self._wfd >= 0:
+                self._rolled[orig_file] = self._wfd   # still owed an fsync
             self._wfd = -1
             self._write_file = max(num for num, _ in touched) + 1
             self._write_pos = 0
