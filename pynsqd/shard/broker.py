@@ -35,6 +35,12 @@ log = logging.getLogger("pynsqd.shard")
 SCAN_INTERVAL = 0.1  # seconds, nsqd's QueueScanInterval
 
 
+def _maybe_sync(backend: Backend, now: int) -> None:
+    maybe_sync = getattr(backend, "maybe_sync", None)
+    if maybe_sync is not None:
+        maybe_sync(now)
+
+
 class BrokerError(Exception):
     """A publish or admin action that failed; the text follows nsqd's."""
 
@@ -85,9 +91,11 @@ class Broker:
         assert self._loop is not None
         now = time.monotonic_ns()
         for topic in list(self.topics.values()):
+            _maybe_sync(topic.queue.backend, now)
             for channel in list(topic.channels.values()):
                 if channel.has_timers:
                     channel.process_timers(now)
+                _maybe_sync(channel.queue.backend, now)
         for client in list(self.clients):
             client.check_deadlines(now)
         self._scan_handle = self._loop.call_later(SCAN_INTERVAL, self._scan)
@@ -176,6 +184,25 @@ class Broker:
         topic = self.get_topic(topic_name)
         record = HEADER.pack(time.time_ns(), 0, self.ids.next_id()) + body
         topic.put_deferred(record, delay_ms * MS, time.monotonic_ns(), len(body))
+
+    # --- metadata -------------------------------------------------------------------------
+    def snapshot(self) -> list[tuple[str, bool, list[tuple[str, bool]]]]:
+        """Topics and channels with their paused flags, for ``nsqd.dat``."""
+        return [(t.name, t.paused, [(c.name, c.paused) for c in t.channels.values()])
+                for t in self.topics.values()]
+
+    def restore(self, topics: list[tuple[str, bool, list[tuple[str, bool]]]]) -> None:
+        """Recreate topics and channels from ``nsqd.dat`` (no change notifications)."""
+        notify, self.on_change = self.on_change, None
+        try:
+            for name, paused, channels in topics:
+                topic = self.get_topic(name)
+                for channel_name, channel_paused in channels:
+                    channel = self.get_channel(topic, channel_name)
+                    channel.paused = channel_paused
+                topic.paused = paused
+        finally:
+            self.on_change = notify
 
     # --- shutdown -------------------------------------------------------------------------
     def close(self) -> None:

@@ -25,10 +25,13 @@ import uvicorn
 from pynsqd import NSQ_VERSION, __version__
 from pynsqd.netaddr import bind, bound_port, describe
 from pynsqd.options import UsageError
+from pynsqd.shard import metadata
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.http import build_app
 from pynsqd.shard.protocol import ClientV2
+from pynsqd.shm.diskqueue import DiskQueue
+from pynsqd.wire.message import MIN_MESSAGE_SIZE
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -47,7 +50,13 @@ class NsqdNode:
     def __init__(self, opts: NsqdOptions) -> None:
         self.opts = opts
         self._lock_fd = self._lock_data_path(opts.data_dir)
-        self.broker = Broker(opts)
+        self.broker = Broker(opts, self._make_backend)
+        try:
+            self.broker.restore(metadata.load(opts.data_dir))
+        except ValueError as exc:
+            os.close(self._lock_fd)
+            raise UsageError(f"failed to load metadata - {exc}") from None
+        self._save_pending = False
         self.tcp_socket: socket.socket = bind(opts.tcp_address)
         self.http_socket: socket.socket | None = bind(opts.http_address) if opts.http_address else None
         self._stop = asyncio.Event()
@@ -69,6 +78,26 @@ class NsqdNode:
             os.close(fd)
             raise UsageError(f"--data-path={path} in use (possibly by another instance of nsqd)") from None
         return fd
+
+    def _make_backend(self, queue_name: str, ephemeral: bool) -> DiskQueue:
+        opts = self.opts
+        return DiskQueue(queue_name, opts.data_dir, max_bytes_per_file=opts.max_bytes_per_file,
+                         min_msg_size=MIN_MESSAGE_SIZE, max_msg_size=opts.max_msg_size + MIN_MESSAGE_SIZE,
+                         sync_every=opts.sync_every, sync_timeout_ns=opts.sync_timeout, logger=log)
+
+    def save_metadata(self) -> None:
+        """Write ``nsqd.dat`` now (pause/unpause, exit)."""
+        self._save_pending = False
+        try:
+            metadata.save(self.opts.data_dir, metadata.encode(self.broker.snapshot()))
+        except OSError as exc:
+            log.error("failed to persist metadata - %s", exc)
+
+    def _metadata_changed(self) -> None:
+        """Topics or channels came or went: save soon, once per burst of changes."""
+        if not self._save_pending:
+            self._save_pending = True
+            asyncio.get_running_loop().call_soon(self.save_metadata)
 
     @property
     def tcp_port(self) -> int:
@@ -103,6 +132,8 @@ class NsqdNode:
         log.info("pynsqd %s (nsqd v%s compatible)", __version__, NSQ_VERSION)
         log.info("ID: %d", self.opts.node_id)
         self.broker.start(loop)
+        self.save_metadata()
+        self.broker.on_change = self._metadata_changed
         self._tcp_server = await loop.create_server(
             lambda: ClientV2(self.broker, self.opts), sock=self.tcp_socket, backlog=1024)
         log.info("TCP: listening on %s", describe(self.tcp_socket))
@@ -130,6 +161,7 @@ class NsqdNode:
             client.close()
         if clients:
             log.info("closed %d client connection(s)", len(clients))
+        self.save_metadata()
         self.broker.close()
         if self._http_server is not None:
             self._http_server.should_exit = True

@@ -10,9 +10,12 @@ order between memory and backend is not strict: consumers are served from memory
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
+
+log = logging.getLogger("pynsqd.shard")
 
 
 class Backend(Protocol):
@@ -93,7 +96,10 @@ class MessageQueue:
         out = list(memory)
         memory.clear()
         if len(out) < count and self.backend.depth:
-            out.extend(self.backend.read_many(count - len(out)))
+            try:
+                out.extend(self.backend.read_many(count - len(out)))
+            except Exception:  # a read error is the backend's to log; serve what we have
+                log.exception("failed to read from %r", self.backend)
         return out
 
     def take_all_memory(self) -> list[bytes]:

@@ -1,0 +1,119 @@
+"""Disk spill, clean shutdown and restart against the real server process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pynsqd.wire.commands import encode_fin, encode_mpub, encode_pub, encode_req
+from tests.harness import Daemon
+from tests.rawclient import RawClient
+from tests.test_protocol import channel_stats, topic_stats
+
+
+def test_backlog_beyond_mem_queue_size_spills_to_disk(nsqd_factory: Callable[..., Daemon],
+                                                      tmp_path: Path) -> None:
+    nsqd = nsqd_factory("--mem-queue-size=100", "--max-bytes-per-file=65536", data_path=tmp_path)
+    with RawClient(nsqd.tcp) as p:
+        p.send(encode_mpub("spill", [b"%05d" % i for i in range(2000)]))
+        p.expect_ok()
+    topic = topic_stats(nsqd, "spill")
+    assert topic is not None and (topic["depth"], topic["backend_depth"]) == (2000, 1900)
+    assert list(tmp_path.glob("spill.diskqueue.*.dat"))
+    with RawClient(nsqd.tcp) as c:
+        c.subscribe("spill", "ch", rdy=500)
+        got = []
+        for _ in range(2000):
+            msg = c.read_message()
+            got.append(msg.body)
+            c.send(encode_fin(msg.id))
+    assert sorted(got) == [b"%05d" % i for i in range(2000)]
+
+
+def test_mem_queue_size_0_sends_everything_to_disk(nsqd_factory: Callable[..., Daemon]) -> None:
+    nsqd = nsqd_factory("--mem-queue-size=0")
+    with RawClient(nsqd.tcp) as c:
+        c.subscribe("disk", "ch")
+        with RawClient(nsqd.tcp) as p:
+            p.send(encode_mpub("disk", [b"a", b"b", b"c"]))
+            p.expect_ok()
+        assert channel_stats(nsqd, "disk", "ch")["backend_depth"] == 3
+        c.send(b"RDY 3\n")
+        assert sorted(m.body for m in c.read_messages(3)) == [b"a", b"b", b"c"]
+
+
+def test_clean_shutdown_keeps_queued_in_flight_and_deferred(nsqd_factory: Callable[..., Daemon],
+                                                            tmp_path: Path) -> None:
+    args = ("--mem-queue-size=50",)
+    nsqd = nsqd_factory(*args, data_path=tmp_path)
+    bodies = [b"m%03d" % i for i in range(300)]
+    with RawClient(nsqd.tcp) as p:
+        p.send(encode_mpub("keep", bodies))
+        p.expect_ok()
+    finished: set[bytes] = set()
+    c = RawClient(nsqd.tcp)
+    c.subscribe("keep", "ch", rdy=30)
+    msgs = c.read_messages(30)
+    c.send(b"RDY 0\n")
+    for m in msgs[:10]:          # finished: must not come back
+        c.send(encode_fin(m.id))
+        finished.add(m.body)
+    for m in msgs[10:15]:        # deferred for an hour: must come back (as queued)
+        c.send(encode_req(m.id, 3_600_000))
+    # msgs[15:30] stay in flight
+    c.send(encode_pub("elsewhere#ephemeral", b"sync point"))
+    c.expect_ok()
+    stats = channel_stats(nsqd, "keep", "ch")
+    assert (stats["in_flight_count"], stats["deferred_count"]) == (15, 5)
+    assert nsqd.stop() == 0  # SIGTERM while the consumer is still connected
+    c.close()
+    assert "exited cleanly" in nsqd.output
+    meta = json.loads((tmp_path / "nsqd.dat").read_bytes())
+    assert meta == {"topics": [{"name": "keep", "paused": False,
+                                "channels": [{"name": "ch", "paused": False}]}], "version": "1.3.0"}
+
+    again = nsqd_factory(*args, data_path=tmp_path)
+    assert channel_stats(again, "keep", "ch")["depth"] == 290
+    with RawClient(again.tcp) as c2:
+        c2.subscribe("keep", "ch", rdy=100)
+        got = {}
+        for _ in range(290):
+            m = c2.read_message()
+            got[m.body] = m.attempts
+            c2.send(encode_fin(m.id))
+        c2.expect_nothing(0.3)
+    assert set(got) == set(bodies) - finished
+    assert all(got[m.body] == 2 for m in msgs[10:30])  # delivered once before: attempts kept
+
+
+def test_paused_state_survives_restart(nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    (tmp_path / "nsqd.dat").write_text(json.dumps({"topics": [
+        {"name": "p", "paused": True, "channels": [{"name": "c", "paused": True}, {"name": "bad name"}]},
+    ], "version": "1.3.0"}))
+    nsqd = nsqd_factory(data_path=tmp_path)
+    topic = topic_stats(nsqd, "p")
+    assert topic is not None and topic["paused"] and [c["channel_name"] for c in topic["channels"]] == ["c"]
+    assert topic["channels"][0]["paused"]
+
+
+def test_second_node_on_the_same_data_path_refuses(nsqd_factory: Callable[..., Daemon],
+                                                   tmp_path: Path) -> None:
+    nsqd_factory(data_path=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "pynsqd.supervisor", "--tcp-address=127.0.0.1:0",
+                           "--http-address=127.0.0.1:0", f"--data-path={tmp_path}"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (f"nsqd: error: --data-path={tmp_path} in use "
+                                   "(possibly by another instance of nsqd)")
+
+
+def test_corrupt_metadata_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "nsqd.dat").write_text("{not json")
+    proc = subprocess.run([sys.executable, "-m", "pynsqd.supervisor", "--tcp-address=127.0.0.1:0",
+                           "--http-address=127.0.0.1:0", f"--data-path={tmp_path}"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "failed to load metadata" in proc.stderr
