@@ -1,0 +1,283 @@
+"""TCP benchmark in the shape of NSQ's bench.sh: publish for a while, then consume.
+
+Starts its own node (one shard, ``--mem-queue-size=1000000`` unless told otherwise) and runs
+the load from separate processes with pre-encoded frames, so the figures measure the server:
+
+  pub     MPUB batches (default 200 x 200 B), one outstanding MPUB per connection
+  pub1    PUB one message per round trip
+  sub     SUB + RDY 2500, FIN per message (drains what the publish phases left)
+  latency publisher and consumer at once at a fixed rate: publish->deliver percentiles
+
+Each phase prints msgs/s, MB/s, server CPU seconds per million messages and the server's
+RSS; the run ends with idle and peak RSS. ``--repeat 3`` runs everything three times and
+prints the median of each figure.
+
+  .venv/bin/python bench/bench_tcp.py --runfor 10 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pynsqd.wire.commands import encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub  # noqa: E402
+
+_HDR = struct.Struct(">ii")
+
+
+def start_node(data: str, mem_queue_size: int) -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pynsqd.supervisor", "--tcp-address=127.0.0.1:0", "--http-address=",
+         f"--data-path={data}", f"--mem-queue-size={mem_queue_size}", "--log-level=warn"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    # the TCP line is logged at info; ask for it by polling the port file instead: use ss
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        conns = [c for c in psutil.Process(proc.pid).net_connections("tcp") if c.status == "LISTEN"]
+        if conns:
+            return proc, ("127.0.0.1", conns[0].laddr.port)
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("node did not start")
+
+
+def _connect(addr: tuple[str, int]) -> socket.socket:
+    sock = socket.create_connection(addr)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(b"  V2" + encode_identify(b'{"client_id":"bench","user_agent":"pynsqd-bench"}'))
+    _read_response(sock)
+    return sock
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    head = _recv_exact(sock, 8)
+    size, frame_type = _HDR.unpack(head)
+    data = _recv_exact(sock, size - 4)
+    if frame_type == 1:
+        raise RuntimeError(data.decode())
+    return data
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def publisher(addr: tuple[str, int], topic: str, size: int, batch: int, runfor: float,
+              start: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    sock = _connect(addr)
+    body = b"a" * size
+    frame = encode_mpub(topic, [body] * batch) if batch > 1 else encode_pub(topic, body)
+    while time.time() < start:
+        time.sleep(0.001)
+    end = time.monotonic() + runfor
+    count = 0
+    while time.monotonic() < end:
+        sock.sendall(frame)
+        _read_response(sock)
+        count += batch
+    out.put(count)
+    sock.close()
+
+
+def consumer(addr: tuple[str, int], topic: str, channel: str, rdy: int, runfor: float, total: int,
+             start: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    sock = _connect(addr)
+    sock.sendall(encode_sub(topic, channel))
+    _read_response(sock)
+    while time.time() < start:
+        time.sleep(0.001)
+    sock.sendall(encode_rdy(rdy))
+    unpack = _HDR.unpack_from
+    buf = bytearray()
+    count = 0
+    latencies: list[int] = []
+    end = time.monotonic() + runfor
+    sock.settimeout(0.5)
+    while time.monotonic() < end and count < total:
+        try:
+            data = sock.recv(1 << 20)
+        except TimeoutError:
+            continue
+        if not data:
+            break
+        buf += data
+        pos = 0
+        fins = []
+        now = time.time_ns()
+        n = len(buf)
+        while n - pos >= 8:
+            size, frame_type = unpack(buf, pos)
+            if n - pos - 4 < size:
+                break
+            if frame_type == 2:
+                fins.append(b"FIN " + bytes(buf[pos + 18:pos + 34]) + b"\n")
+                if count % 64 == 0:
+                    latencies.append(now - int.from_bytes(buf[pos + 8:pos + 16], "big"))
+            elif buf[pos + 8:pos + 4 + size] == b"_heartbeat_":
+                fins.append(b"NOP\n")
+            pos += 4 + size
+        del buf[:pos]
+        if fins:
+            count += len(fins)
+            sock.sendall(b"".join(fins))
+    out.put((count, latencies))
+    sock.close()
+
+
+def rate_publisher(addr: tuple[str, int], topic: str, size: int, rate: int, runfor: float, start: float,
+                   out: mp.Queue) -> None:  # type: ignore[type-arg]
+    sock = _connect(addr)
+    batch = 20
+    frame = encode_mpub(topic, [b"a" * size] * batch)
+    while time.time() < start:
+        time.sleep(0.001)
+    began = time.monotonic()
+    count = 0
+    while time.monotonic() - began < runfor:
+        due = began + count / rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        sock.sendall(frame)
+        _read_response(sock)
+        count += batch
+    out.put(count)
+    sock.close()
+
+
+class Meter:
+    """Server CPU and RSS around one phase."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.peak_rss = 0
+
+    def cpu(self) -> float:
+        t = self.proc.cpu_times()
+        return float(t.user + t.system)
+
+    def rss(self) -> int:
+        rss = int(self.proc.memory_info().rss)
+        self.peak_rss = max(self.peak_rss, rss)
+        return rss
+
+
+def run_phase(name: str, procs: list[mp.Process], q: mp.Queue, meter: Meter,  # type: ignore[type-arg]
+              size: int) -> dict[str, float]:
+    cpu0 = meter.cpu()
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    results = []
+    while len(results) < len(procs):
+        try:
+            results.append(q.get(timeout=0.2))
+        except Exception:
+            meter.rss()
+    for p in procs:
+        p.join()
+    elapsed = time.monotonic() - t0 - 0.5  # workers start together 0.5 s after launch
+    cpu = meter.cpu() - cpu0
+    lat: list[int] = []
+    count = 0
+    for r in results:
+        if isinstance(r, tuple):
+            count += r[0]
+            lat.extend(r[1])
+        else:
+            count += r
+    fig = {"msgs": count, "msgs_s": count / elapsed, "mb_s": count * size / elapsed / 2**20,
+           "cpu_s_per_M": cpu / max(count, 1) * 1e6, "rss_mb": meter.rss() / 2**20}
+    if lat and name == "latency":  # in the drain phase "latency" is only time spent queued
+        lat.sort()
+        for p in (50, 99, 99.9):
+            fig[f"p{p}_ms"] = lat[min(len(lat) - 1, int(len(lat) * p / 100))] / 1e6
+    return fig
+
+
+def one_run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    ctx = mp.get_context("spawn")
+    figures: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as data:
+        proc, addr = start_node(data, args.mem_queue_size)
+        meter = Meter(proc.pid)
+        try:
+            time.sleep(0.5)
+            figures["idle"] = {"rss_mb": meter.rss() / 2**20}
+            # the channel exists before publishing: one topic, one channel, as bench.sh means it
+            sock = _connect(addr)
+            sock.sendall(encode_sub("bench", "ch"))
+            _read_response(sock)
+            sock.close()
+            q = ctx.Queue()
+            start = time.time() + 0.5
+            pubs = [ctx.Process(target=publisher, args=(addr, "bench", args.size, args.batch, args.runfor,
+                                                         start, q)) for _ in range(args.workers)]
+            figures["pub"] = run_phase("pub", pubs, q, meter, args.size)
+            start = time.time() + 0.5
+            pubs = [ctx.Process(target=publisher, args=(addr, "bench", args.size, 1, args.runfor, start, q))
+                    for _ in range(2)]
+            figures["pub1"] = run_phase("pub1", pubs, q, meter, args.size)
+            total = int(figures["pub"]["msgs"] + figures["pub1"]["msgs"])
+            start = time.time() + 0.5
+            subs = [ctx.Process(target=consumer, args=(addr, "bench", "ch", 2500, args.runfor,
+                                                        total // args.workers + 1, start, q))
+                    for _ in range(args.workers)]
+            figures["sub"] = run_phase("sub", subs, q, meter, args.size)
+            start = time.time() + 0.5
+            procs = [ctx.Process(target=rate_publisher, args=(addr, "lat", args.size, args.rate, 5, start, q)),
+                     ctx.Process(target=consumer, args=(addr, "lat", "ch", 2500, 6, 1 << 60, start, q))]
+            lat = run_phase("latency", procs, q, meter, args.size)
+            figures["latency"] = {k: v for k, v in lat.items() if k.startswith("p")}
+            figures["peak"] = {"rss_mb": meter.peak_rss / 2**20}
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runfor", type=float, default=10.0, help="seconds per publish/consume phase")
+    parser.add_argument("--size", type=int, default=200, help="message size in bytes")
+    parser.add_argument("--batch", type=int, default=200, help="messages per MPUB")
+    parser.add_argument("--workers", type=int, default=2, help="load processes per phase")
+    parser.add_argument("--mem-queue-size", type=int, default=1_000_000)
+    parser.add_argument("--rate", type=int, default=20_000, help="msgs/s during the latency phase")
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    runs = []
+    for i in range(args.repeat):
+        runs.append(one_run(args))
+        print(f"run {i + 1}: " + "  ".join(f"{ph}: " + ", ".join(f"{k}={v:,.1f}" for k, v in f.items())
+                                          for ph, f in runs[-1].items()), flush=True)
+    print(f"\nmedian of {len(runs)} run(s), {args.size}-byte messages, MPUB batch {args.batch}:")
+    for phase in runs[0]:
+        keys = runs[0][phase]
+        row = {k: statistics.median(r[phase][k] for r in runs) for k in keys}
+        print(f"  {phase:8s} " + "  ".join(f"{k}={v:,.2f}" for k, v in row.items()))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
