@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pynsqd.lookupd.registry import (
     CLIENT,
@@ -157,8 +157,7 @@ class LookupProtocol(asyncio.Protocol):
         self.session: LookupSession | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         remote = format_address(transport.get_extra_info("peername") or ("", 0))
         self.session = LookupSession(self.db, remote, self.identify_response, self.log)
         self.connections.add(self)
