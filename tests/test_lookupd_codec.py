@@ -172,8 +172,8 @@ def test_client_encoders() -> None:
     assert PING == b"PING\n"
     size = struct.unpack(">i", IDENTIFY[9:13])[0]
     assert IDENTIFY[:9] == b"IDENTIFY\n" and size == len(IDENTIFY) - 13
-    assert orjson.loads(IDENTIFY[13:]) == {"version": "1.3.0", "tcp_port": 4150, "http_port": 4151,
-                                           "hostname": "box", "broadcast_address": "10.0.0.1"}
+    assert IDENTIFY[13:] == (b'{"broadcast_address":"10.0.0.1","hostname":"box","http_port":4151,'
+                             b'"tcp_port":4150,"version":"1.3.0"}')
 
 
 def test_response_reader_and_classification() -> None:

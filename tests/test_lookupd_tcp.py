@@ -8,11 +8,14 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 import pytest
 
 from pynsqd import NSQ_VERSION
+from pynsqd.lookupd.config import parse_args
+from pynsqd.options import SECOND
 from pynsqd.wire.lookup import PING, IdentifyInfo, encode_identify, encode_register, encode_unregister
 from tests.harness import Daemon, wait_for
 from tests.lookupd_helpers import PRODUCER, Producer, http, lookupd, ms, shut_write, stop
@@ -59,6 +62,10 @@ def test_basic_lookupd() -> None:
         assert reply == {"broadcast_address": "127.0.0.1", "hostname": socket.gethostname(),
                          "http_port": daemon.http[1], "tcp_port": daemon.tcp[1],
                          "version": NSQ_VERSION}
+
+        listening = [line for line in daemon.output.splitlines() if "TCP: listening on" in line]
+        assert listening[0].startswith("[nsqlookupd] ")
+        assert listening[0].endswith(f" INFO: TCP: listening on 127.0.0.1:{daemon.tcp[1]}")
 
         p.close()  # producers go with the connection; topic and channel stay
         wait_for(lambda: client.get("/lookup?topic=connectmsg").json()["producers"] == [],
@@ -215,6 +222,19 @@ def test_bad_flag_is_one_line_and_exit_1() -> None:
     assert bad.returncode == 1 and len(bad.stderr.splitlines()) == 1
     assert "--tcp-address" in bad.stderr
     assert run_lookupd("--inactive-producer-timeout=0s").returncode == 1
+
+
+def test_config_file_and_flag_precedence(tmp_path: Path) -> None:
+    config = tmp_path / "nsqlookupd.cfg"
+    config.write_text('tcp_address = "127.0.0.1:4999"\ninactive_producer_timeout = "1m"\n'
+                      'tombstone_lifetime = "10s"\nlog_level = "WARN"\n')
+    opts, version = parse_args([f"--config={config}", "--tombstone-lifetime=2s"])
+    assert not version
+    assert opts.tcp_address == "127.0.0.1:4999" and opts.http_address == "0.0.0.0:4161"
+    assert opts.inactive_producer_timeout == 60 * SECOND
+    assert opts.tombstone_lifetime == 2 * SECOND  # the flag beats the file
+    assert opts.log_level == "warn" and opts.log_prefix == "[nsqlookupd] "
+    assert opts.broadcast_address == socket.gethostname()
 
 
 def test_version() -> None:

@@ -29,6 +29,7 @@ from pynsqd.lookupd.registry import (
     CLIENT,
     PeerInfo,
     Producer,
+    Registration,
     RegistrationDB,
     channel_key,
     topic_key,
@@ -105,13 +106,13 @@ class LookupSession:
         self._add(CLIENT)
         return self.identify_response
 
-    def _add(self, key: Any) -> None:
+    def _add(self, key: Registration) -> None:
         assert self.peer is not None
         if self.db.add_producer(key, Producer(self.peer)):
             self.log.info("DB: client(%s) REGISTER category:%s key:%s subkey:%s",
                           self.remote_address, *key)
 
-    def _remove(self, key: Any, level: int = logging.INFO) -> int:
+    def _remove(self, key: Registration, level: int = logging.INFO) -> int:
         assert self.peer is not None
         removed, left = self.db.remove_producer(key, self.peer.id)
         if removed:

@@ -70,9 +70,10 @@ class IdentifyInfo:
     hostname: str = ""
 
     def to_json(self) -> bytes:
+        """The body nsqd sends: a Go map, so the keys come out sorted."""
         return orjson.dumps({
-            "version": self.version, "tcp_port": self.tcp_port, "http_port": self.http_port,
-            "hostname": self.hostname, "broadcast_address": self.broadcast_address,
+            "broadcast_address": self.broadcast_address, "hostname": self.hostname,
+            "http_port": self.http_port, "tcp_port": self.tcp_port, "version": self.version,
         })
 
 
