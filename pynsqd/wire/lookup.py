@@ -35,10 +35,11 @@ from typing import Any
 
 import orjson
 
+from pynsqd.wire import MAGIC_V1
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.names import is_valid_name
 
-MAGIC = b"  V1"
+MAGIC = MAGIC_V1
 OK = b"OK"
 PING = b"PING\n"
 
