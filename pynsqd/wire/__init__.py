@@ -9,6 +9,7 @@ library, the benchmarks and the fuzz tests all drive the same code.
   ``FrameParser`` turns a byte stream back into frames.
 - ``message``: the message encoding shared by frames and disk, and message-id generation.
 - ``names``: topic and channel name rules.
+- ``lookup``: nsqlookupd's TCP protocol V1: the server's parser and nsqd's client codec.
 - ``errors``: ``ProtocolError``, carrying NSQ's ``E_*`` code and whether it is fatal.
 """
 

@@ -1,0 +1,73 @@
+"""nsqlookupd's options: every flag of NSQ v1.3's nsqlookupd, by name, default and config key.
+
+Durations are nanoseconds (Go's ``time.Duration``). ``parse_args`` also checks the listen
+addresses, so a bad one is a one-line usage error rather than a failure at bind time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Sequence
+
+from pynsqd.options import SECOND, UsageError, flag, resolve
+
+LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
+
+
+def _log_level(value: str) -> str | None:
+    return None if value.lower() in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"
+
+
+def _positive(value: int) -> str | None:
+    return None if value > 0 else "must be greater than 0"
+
+
+def _non_negative(value: int) -> str | None:
+    return None if value >= 0 else "must not be negative"
+
+
+@dataclasses.dataclass
+class LookupdOptions:
+    """The options of one nsqlookupd, as NSQ v1.3 names them (see NSQ-FACTS §1.2)."""
+
+    log_level: str = flag("log-level", "info", "set log verbosity: debug, info, warn, error, or fatal",
+                          validate=_log_level)
+    log_prefix: str = flag("log-prefix", "[nsqlookupd] ", "log message prefix")
+    verbose: bool = flag("verbose", False, "[deprecated] has no effect, use --log-level")
+
+    tcp_address: str = flag("tcp-address", "0.0.0.0:4160", "<addr>:<port> to listen on for TCP clients")
+    http_address: str = flag("http-address", "0.0.0.0:4161", "<addr>:<port> to listen on for HTTP clients")
+    broadcast_address: str = flag("broadcast-address", socket.gethostname(),
+                                  "address of this lookupd node, (default to the OS hostname)")
+
+    inactive_producer_timeout: int = flag(
+        "inactive-producer-timeout", 300 * SECOND,
+        "duration of time a producer will remain in the active list since its last ping",
+        kind="duration", validate=_positive)
+    tombstone_lifetime: int = flag(
+        "tombstone-lifetime", 45 * SECOND,
+        "duration of time a producer will remain tombstoned if registration remains",
+        kind="duration", validate=_non_negative)
+
+
+def split_address(address: str, flag_name: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``, ``:port`` for every interface) → ``(host, port)``."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise UsageError(f"invalid value {address!r} for flag --{flag_name}: expected <addr>:<port>")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise UsageError(f"invalid value {address!r} for flag --{flag_name}: "
+                         "IPv6 addresses must be bracketed")
+    return host, int(port_text)
+
+
+def parse_args(argv: Sequence[str], prog: str = "nsqlookupd") -> tuple[LookupdOptions, bool]:
+    """Parse an nsqlookupd command line (and its ``--config`` file). Raises ``UsageError``."""
+    opts, version = resolve(LookupdOptions, argv, prog, "pynsqd: an nsqlookupd discovery node")
+    opts.log_level = opts.log_level.lower()
+    split_address(opts.tcp_address, "tcp-address")
+    split_address(opts.http_address, "http-address")
+    return opts, version
