@@ -28,10 +28,7 @@ def run(argv: list[str]) -> int:
     if show_version:
         print(version_string())
         return 0
-    try:
-        node = LookupNode(options)
-    except OSError:
-        return 1  # the node logged "listen (<addr>) failed - <reason>"
+    node = LookupNode(options)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(node.main())
     return 0
@@ -39,4 +36,4 @@ def run(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point."""
-    run_cli(run, argv if argv is not None else sys.argv[1:])
+    run_cli(run, "nsqlookupd", argv if argv is not None else sys.argv[1:])

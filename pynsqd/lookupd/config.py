@@ -10,7 +10,8 @@ import dataclasses
 import socket
 from collections.abc import Sequence
 
-from pynsqd.options import SECOND, UsageError, flag, resolve
+from pynsqd.netaddr import split_host_port
+from pynsqd.options import SECOND, flag, resolve
 
 LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
 
@@ -51,23 +52,10 @@ class LookupdOptions:
         kind="duration", validate=_non_negative)
 
 
-def split_address(address: str, flag_name: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port``, ``:port`` for every interface) → ``(host, port)``."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise UsageError(f"invalid value {address!r} for flag --{flag_name}: expected <addr>:<port>")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise UsageError(f"invalid value {address!r} for flag --{flag_name}: "
-                         "IPv6 addresses must be bracketed")
-    return host, int(port_text)
-
-
 def parse_args(argv: Sequence[str], prog: str = "nsqlookupd") -> tuple[LookupdOptions, bool]:
     """Parse an nsqlookupd command line (and its ``--config`` file). Raises ``UsageError``."""
     opts, version = resolve(LookupdOptions, argv, prog, "pynsqd: an nsqlookupd discovery node")
     opts.log_level = opts.log_level.lower()
-    split_address(opts.tcp_address, "tcp-address")
-    split_address(opts.http_address, "http-address")
+    split_host_port(opts.tcp_address, "tcp-address")
+    split_host_port(opts.http_address, "http-address")
     return opts, version

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 from pynsqd.lookupd.registry import (
     CLIENT,
@@ -34,6 +34,7 @@ from pynsqd.lookupd.registry import (
     channel_key,
     topic_key,
 )
+from pynsqd.netaddr import format_address
 from pynsqd.options import format_duration
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.lookup import (
@@ -50,12 +51,6 @@ from pynsqd.wire.lookup import (
 from pynsqd.wire.names import is_ephemeral
 
 Clock = Callable[[], int]
-
-
-def format_address(sockname: Any) -> str:
-    """A socket address as Go prints it: ``host:port``, IPv6 hosts in brackets."""
-    host, port = sockname[0], sockname[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class LookupSession:

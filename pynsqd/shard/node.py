@@ -11,18 +11,15 @@ stop HTTP, release the data-path lock. Calling ``exit()`` twice is harmless.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
-
-import uvicorn
 
 from pynsqd import NSQ_VERSION, __version__
+from pynsqd.httpserver import EmbeddedServer, embedded_server
 from pynsqd.netaddr import bind, bound_port, describe
 from pynsqd.options import UsageError
 from pynsqd.shard import metadata
@@ -36,12 +33,6 @@ from pynsqd.wire.message import MIN_MESSAGE_SIZE
 log = logging.getLogger("pynsqd.shard")
 
 
-class EmbeddedServer(uvicorn.Server):
-    """uvicorn's server, minus its signal handling: the node owns SIGTERM and SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class NsqdNode:
@@ -57,12 +48,13 @@ class NsqdNode:
             os.close(self._lock_fd)
             raise UsageError(f"failed to load metadata - {exc}") from None
         self._save_pending = False
-        self.tcp_socket: socket.socket = bind(opts.tcp_address)
-        self.http_socket: socket.socket | None = bind(opts.http_address) if opts.http_address else None
+        self.tcp_socket: socket.socket = bind(opts.tcp_address, "tcp-address")
+        self.http_socket: socket.socket | None = (
+            bind(opts.http_address, "http-address") if opts.http_address else None)
         self._stop = asyncio.Event()
         self._exited = False
         self._tcp_server: asyncio.AbstractServer | None = None
-        self._http_server: uvicorn.Server | None = None
+        self._http_server: EmbeddedServer | None = None
         self._http_task: asyncio.Task[None] | None = None
 
     @staticmethod
@@ -138,9 +130,7 @@ class NsqdNode:
             lambda: ClientV2(self.broker, self.opts), sock=self.tcp_socket, backlog=1024)
         log.info("TCP: listening on %s", describe(self.tcp_socket))
         if self.http_socket is not None:
-            config = uvicorn.Config(build_app(self.broker, self.info()), lifespan="off",
-                                    access_log=False, log_config=None, server_header=False)
-            self._http_server = EmbeddedServer(config)
+            self._http_server = embedded_server(build_app(self.broker, self.info()))
             self._http_task = asyncio.create_task(self._http_server.serve(sockets=[self.http_socket]))
             log.info("HTTP: listening on %s", describe(self.http_socket))
         try:

@@ -1,0 +1,27 @@
+"""uvicorn embedded in a daemon's own event loop, on a socket the daemon bound itself."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn's server minus its signal handling: the daemon owns SIGTERM and SIGINT.
+
+    Serve with ``serve(sockets=[sock])`` in a task; stop with ``should_exit = True``."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def embedded_server(app: Any) -> EmbeddedServer:
+    """A server for ``app`` with pynsqd's settings: no lifespan, no access log, no
+    ``Server`` header, errors through the ``pynsqd`` logging setup."""
+    config = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
+                            server_header=False, http="h11", timeout_graceful_shutdown=5)
+    return EmbeddedServer(config)
