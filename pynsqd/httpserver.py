@@ -21,7 +21,7 @@ class EmbeddedServer(uvicorn.Server):
 
 def embedded_server(app: Any) -> EmbeddedServer:
     """A server for ``app`` with pynsqd's settings: no lifespan, no access log, no
-    ``Server`` header, errors through the ``pynsqd`` logging setup."""
+    ``Server`` header, errors through the ``pynsqd`` logging setup; httptools' parser."""
     config = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
-                            server_header=False, http="h11", timeout_graceful_shutdown=5)
+                            server_header=False, timeout_graceful_shutdown=5)
     return EmbeddedServer(config)

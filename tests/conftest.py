@@ -11,6 +11,7 @@ import pytest
 import uvloop
 
 from tests.harness import Daemon
+from tests.test_clients import clients  # noqa: F401  (the fixture, shared with test_http)
 
 T = TypeVar("T")
 

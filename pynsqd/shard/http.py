@@ -1,71 +1,404 @@
-"""nsqd's HTTP API (``/ping``, ``/info``, ``/stats``) as a Starlette app over a shard.
+"""nsqd's HTTP API over a shard, as NSQ v1.3 serves it (NSQ-FACTS §2.0 to 2.2).
 
-Responses follow NSQ's conventions (NSQ-FACTS §2.0): JSON with
-``Content-Type: application/json; charset=utf-8``, errors as ``{"message": "<CODE>"}``, and
-the ``X-NSQ-Content-Type: nsq; version=1.0`` header on every API response.
+Theory of operation
+-------------------
+``NsqdHTTP`` is a plain ASGI app. ``POST /pub`` and ``POST /mpub`` — the paths that carry
+almost all HTTP traffic — are handled right here on raw ASGI messages: the body is read with
+its limit enforced as it arrives (``Content-Length`` first, then the bytes actually read) and
+the answer is two ``send`` calls. Everything else goes through a Starlette router.
+
+Responses follow nsqd's conventions: JSON with ``Content-Type: application/json;
+charset=utf-8``; errors as ``{"message": "<CODE>"}`` with nsqd's status and code, checked in
+nsqd's order; ``X-NSQ-Content-Type: nsq; version=1.0`` on every API answer; unknown paths 404
+``NOT_FOUND``, wrong methods 405 ``METHOD_NOT_ALLOWED``.
 """
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import unquote_plus
 
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-from pynsqd import NSQ_VERSION
-from pynsqd.shard.broker import Broker
-from pynsqd.shard.stats import node_stats
+from pynsqd import NSQ_VERSION, logs
+from pynsqd.options import config_value
+from pynsqd.shard.broker import Broker, BrokerError
+from pynsqd.shard.config import LOG_LEVELS, NsqdOptions
+from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
+from pynsqd.shard.metrics import exposition
+from pynsqd.shard.stats import format_text, node_stats
+from pynsqd.wire.commands import parse_mpub_body
+from pynsqd.wire.errors import ProtocolError
+from pynsqd.wire.names import is_valid_name
 
-NSQ_HEADERS = {"X-NSQ-Content-Type": "nsq; version=1.0"}
-_HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 500: "INTERNAL_ERROR"}
+log = logging.getLogger("pynsqd.shard")
 
+NSQ_HEADER = (b"x-nsq-content-type", b"nsq; version=1.0")
+JSON_TYPE = "application/json; charset=utf-8"
+TEXT_TYPE = "text/plain; charset=utf-8"
+_HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
+_BAD_ESCAPE = re.compile(rb"%(?![0-9a-fA-F]{2})")
 
-def json_response(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, headers=NSQ_HEADERS,
-                    media_type="application/json; charset=utf-8")
-
-
-def error_response(message: str, status: int) -> Response:
-    return json_response({"message": message}, status)
-
-
-def _bool_param(request: Request, name: str, default: bool = True) -> bool:
-    raw = request.query_params.get(name)
-    if raw in ("false", "0"):
-        return False
-    if raw in ("true", "1"):
-        return True
-    return default
+ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
+                   Awaitable[None]]
 
 
-def build_app(broker: Broker, info: dict[str, Any]) -> Starlette:
-    """The HTTP app of one shard; ``info`` is the static part of ``/info``."""
+class HTTPError(Exception):
+    """An nsqd API error: ``status`` and the ``message`` code."""
 
-    async def ping(request: Request) -> Response:
-        if broker.health != "OK":
-            return PlainTextResponse(broker.health, status_code=500)
-        return PlainTextResponse("OK")
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
-    async def info_route(request: Request) -> Response:
-        return json_response({"version": NSQ_VERSION, **info})
 
-    async def stats(request: Request) -> Response:
-        q = request.query_params
-        data = node_stats(broker, q.get("topic", ""), q.get("channel", ""),
-                          _bool_param(request, "include_clients"), _bool_param(request, "include_mem"))
-        return json_response(data)
+def parse_query(raw: bytes) -> dict[str, list[str]]:
+    """Go's ``url.ParseQuery``: a bad escape or a ``;`` is ``400 INVALID_REQUEST``."""
+    if _BAD_ESCAPE.search(raw) or b";" in raw:
+        raise HTTPError(400, "INVALID_REQUEST")
+    out: dict[str, list[str]] = {}
+    for part in raw.split(b"&"):
+        if not part:
+            continue
+        key, _, value = part.partition(b"=")
+        try:
+            name = unquote_plus(key.decode(), errors="strict")
+            out.setdefault(name, []).append(unquote_plus(value.decode(), errors="strict"))
+        except UnicodeDecodeError:
+            raise HTTPError(400, "INVALID_REQUEST") from None
+    return out
 
-    async def http_error(request: Request, exc: Exception) -> Response:
+
+def api_response(data: Any = None, status: int = 200) -> Response:
+    """nsqd's V1 response: bytes/str as they are, ``None`` as an empty body, else JSON."""
+    headers = {"X-NSQ-Content-Type": "nsq; version=1.0"}
+    if data is None:
+        return Response(b"", status_code=status, headers=headers)
+    if isinstance(data, (str, bytes)):
+        return Response(data, status_code=status, headers=headers, media_type=TEXT_TYPE)
+    return Response(orjson.dumps(data), status_code=status, headers=headers, media_type=JSON_TYPE)
+
+
+def error_response(status: int, message: str) -> Response:
+    return api_response({"message": message}, status)
+
+
+class NsqdHTTP:
+    """The HTTP API of one shard. ``persist`` writes ``nsqd.dat`` (pause/unpause);
+    ``set_lookupd_addresses`` applies ``PUT /config/nsqlookupd_tcp_addresses``."""
+
+    def __init__(self, broker: Broker, opts: NsqdOptions, info: dict[str, Any],
+                 persist: Callable[[], None],
+                 set_lookupd_addresses: Callable[[list[str]], None]) -> None:
+        self.broker = broker
+        self.opts = opts
+        self.info = info
+        self.persist = persist
+        self.set_lookupd_addresses = set_lookupd_addresses
+        routes = [
+            Route("/ping", self.ping, methods=["GET"]),
+            Route("/info", self.info_route, methods=["GET"]),
+            Route("/stats", self.stats, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/topic/create", self.topic_create, methods=["POST"]),
+            Route("/topic/delete", self.topic_delete, methods=["POST"]),
+            Route("/topic/empty", self.topic_empty, methods=["POST"]),
+            Route("/topic/pause", self.topic_pause, methods=["POST"]),
+            Route("/topic/unpause", self.topic_pause, methods=["POST"]),
+            Route("/channel/create", self.channel_create, methods=["POST"]),
+            Route("/channel/delete", self.channel_delete, methods=["POST"]),
+            Route("/channel/empty", self.channel_empty, methods=["POST"]),
+            Route("/channel/pause", self.channel_pause, methods=["POST"]),
+            Route("/channel/unpause", self.channel_pause, methods=["POST"]),
+            Route("/config/{opt}", self.config, methods=["GET", "PUT"]),
+        ]
+        self.router = Starlette(routes=routes, exception_handlers={
+            HTTPException: self._starlette_error, HTTPError: self._api_error, Exception: self._crash})
+
+    # --- the lean publish path ------------------------------------------------------------
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        path = scope.get("path") if scope["type"] == "http" else None
+        if path == "/pub" or path == "/mpub":
+            try:
+                if scope["method"] != "POST":
+                    raise HTTPError(405, "METHOD_NOT_ALLOWED")
+                if path == "/pub":
+                    await self._pub(scope, receive)
+                else:
+                    await self._mpub(scope, receive)
+            except HTTPError as exc:
+                await _send(send, exc.status, orjson.dumps({"message": exc.message}), JSON_TYPE)
+            else:
+                await _send(send, 200, b"OK", TEXT_TYPE)
+            return
+        await self.router(scope, receive, send)
+
+    def _topic_from_query(self, scope: Mapping[str, Any]) -> tuple[dict[str, list[str]], str]:
+        params = parse_query(scope.get("query_string", b""))
+        names = params.get("topic")
+        if not names:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(names[0]):
+            raise HTTPError(400, "INVALID_TOPIC")
+        return params, names[0]
+
+    async def _pub(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]]) -> None:
+        limit = self.opts.max_msg_size
+        if _content_length(scope) > limit:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        body = await _read_body(receive, limit)
+        if body is None:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        params, topic = self._topic_from_query(scope)
+        delay = 0
+        if "defer" in params:
+            raw = params["defer"][0]
+            if not re.fullmatch(r"[+-]?[0-9]+", raw):
+                raise HTTPError(400, "INVALID_DEFER")
+            delay = int(raw)
+            if delay < 0 or delay * 1_000_000 > self.opts.max_req_timeout:
+                raise HTTPError(400, "INVALID_DEFER")
+        try:
+            if delay:
+                self.broker.publish_deferred(topic, body, delay)
+            else:
+                self.broker.publish(topic, [body])
+        except BrokerError as exc:
+            log.error("HTTP /pub to %s failed - %s", topic, exc)
+            raise HTTPError(503, "EXITING") from None
+
+    async def _mpub(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]]) -> None:
+        opts = self.opts
+        if _content_length(scope) > opts.max_body_size:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        params, topic = self._topic_from_query(scope)
+        self.broker.get_topic(topic)  # nsqd creates the topic before it reads the body
+        binary = False
+        if "binary" in params:
+            value = params["binary"][0]
+            binary = value not in ("0", "f", "F", "false", "FALSE", "False")
+        body = await _read_body(receive, opts.max_body_size)
+        if body is None:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        if binary:
+            try:
+                bodies = parse_mpub_body(body, opts.max_msg_size, opts.max_body_size)
+            except ProtocolError as exc:
+                raise HTTPError(413, exc.code[2:]) from None
+        else:
+            bodies = [line for line in body.split(b"\n") if line]
+            if any(len(line) > opts.max_msg_size for line in bodies):
+                raise HTTPError(413, "MSG_TOO_BIG")
+        if not bodies:
+            return
+        try:
+            self.broker.publish(topic, bodies)
+        except BrokerError as exc:
+            log.error("HTTP /mpub to %s failed - %s", topic, exc)
+            raise HTTPError(503, "EXITING") from None
+
+    # --- errors ---------------------------------------------------------------------------
+    async def _starlette_error(self, request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
-        return error_response(_HTTP_CODES.get(status, "INTERNAL_ERROR"), status)
+        return error_response(status, _HTTP_CODES.get(status, "INTERNAL_ERROR"))
 
-    routes = [
-        Route("/ping", ping, methods=["GET", "HEAD"]),
-        Route("/info", info_route, methods=["GET", "HEAD"]),
-        Route("/stats", stats, methods=["GET", "HEAD"]),
-    ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, 500: http_error})
+    async def _api_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPError)
+        return error_response(exc.status, exc.message)
+
+    async def _crash(self, request: Request, exc: Exception) -> Response:
+        log.exception("HTTP %s %s failed", request.method, request.url.path, exc_info=exc)
+        return error_response(500, "INTERNAL_ERROR")
+
+    # --- node -----------------------------------------------------------------------------
+    async def ping(self, request: Request) -> Response:
+        if self.broker.health != "OK":
+            return Response(self.broker.health, status_code=500, media_type=TEXT_TYPE)
+        return Response("OK", media_type=TEXT_TYPE)
+
+    async def info_route(self, request: Request) -> Response:
+        return api_response({"version": NSQ_VERSION, **self.info})
+
+    def _stats(self, params: dict[str, list[str]]) -> dict[str, Any]:
+        def flag(name: str) -> bool:
+            value = params.get(name, ["true"])[0]
+            return value not in ("false", "0")
+        return node_stats(self.broker, params.get("topic", [""])[0], params.get("channel", [""])[0],
+                          flag("include_clients"), flag("include_mem"))
+
+    async def stats(self, request: Request) -> Response:
+        params = parse_query(request.scope.get("query_string", b""))
+        fmt = params.get("format", [""])[0]
+        if fmt == "prometheus":
+            return self._metrics_response()
+        data = self._stats(params)
+        if fmt == "json":
+            return api_response(data)
+        return api_response(format_text(data))
+
+    async def metrics(self, request: Request) -> Response:
+        return self._metrics_response()
+
+    def _metrics_response(self) -> Response:
+        body = exposition(lambda: node_stats(self.broker, include_mem=False))
+        return Response(body, media_type=PROMETHEUS_TYPE)
+
+    # --- topics and channels --------------------------------------------------------------
+    def _params(self, request: Request) -> dict[str, list[str]]:
+        return parse_query(request.scope.get("query_string", b""))
+
+    def _existing_topic(self, params: dict[str, list[str]], validate: bool) -> Any:
+        names = params.get("topic")
+        if not names:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if validate and not is_valid_name(names[0]):
+            raise HTTPError(400, "INVALID_TOPIC")
+        topic = self.broker.topics.get(names[0])
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic
+
+    def _topic_and_channel_args(self, request: Request) -> tuple[Any, str]:
+        params = self._params(request)
+        topics, channels = params.get("topic"), params.get("channel")
+        if not topics:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(topics[0]):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        if not channels:
+            raise HTTPError(400, "MISSING_ARG_CHANNEL")
+        if not is_valid_name(channels[0]):
+            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        topic = self.broker.topics.get(topics[0])
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic, channels[0]
+
+    def _existing_channel(self, request: Request) -> Any:
+        topic, name = self._topic_and_channel_args(request)
+        channel = topic.channels.get(name)
+        if channel is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        return channel
+
+    async def topic_create(self, request: Request) -> Response:
+        _, name = self._topic_from_query(request.scope)
+        self.broker.get_topic(name)
+        return api_response()
+
+    async def topic_delete(self, request: Request) -> Response:
+        names = self._params(request).get("topic")
+        if not names:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not self.broker.delete_topic(names[0]):
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return api_response()
+
+    async def topic_empty(self, request: Request) -> Response:
+        self._existing_topic(self._params(request), validate=True).empty()
+        return api_response()
+
+    async def topic_pause(self, request: Request) -> Response:
+        topic = self._existing_topic(self._params(request), validate=False)
+        topic.unpause() if request.url.path.endswith("unpause") else topic.pause()
+        self.persist()
+        return api_response()
+
+    async def channel_create(self, request: Request) -> Response:
+        topic, name = self._topic_and_channel_args(request)
+        self.broker.get_channel(topic, name)
+        return api_response()
+
+    async def channel_delete(self, request: Request) -> Response:
+        topic, name = self._topic_and_channel_args(request)
+        if not self.broker.delete_channel(topic, name):
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        return api_response()
+
+    async def channel_empty(self, request: Request) -> Response:
+        self._existing_channel(request).empty()
+        return api_response()
+
+    async def channel_pause(self, request: Request) -> Response:
+        channel = self._existing_channel(request)
+        channel.unpause() if request.url.path.endswith("unpause") else channel.pause()
+        self.persist()
+        return api_response()
+
+    # --- /config --------------------------------------------------------------------------
+    async def config(self, request: Request) -> Response:
+        opt = request.path_params["opt"]
+        if request.method == "PUT":
+            body = await _read_body(request.receive, self.opts.max_msg_size)
+            if not body:
+                raise HTTPError(413, "INVALID_VALUE")
+            self._set_option(opt, body)
+        try:
+            value = config_value(self.opts, opt)
+        except KeyError:
+            raise HTTPError(400, "INVALID_OPTION") from None
+        if opt == "log_level":  # nsqd's LogLevel is an int type: debug 1 ... fatal 5
+            value = LOG_LEVELS.index(value) + 1
+        return api_response(value)
+
+    def _set_option(self, opt: str, body: bytes) -> None:
+        if opt == "nsqlookupd_tcp_addresses":
+            try:
+                value = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                value = None
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise HTTPError(400, "INVALID_VALUE")
+            self.set_lookupd_addresses(value)
+        elif opt == "log_level":
+            level = body.decode("utf-8", "replace").strip().lower()
+            if level not in LOG_LEVELS:
+                raise HTTPError(400, "INVALID_VALUE")
+            self.opts.log_level = level
+            logs.set_level(level)
+        else:
+            raise HTTPError(400, "INVALID_OPTION")
+
+
+def _content_length(scope: dict[str, Any]) -> int:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                raise HTTPError(400, "INVALID_REQUEST") from None
+    return -1
+
+
+async def _read_body(receive: Callable[[], Awaitable[Any]], limit: int) -> bytes | None:
+    """The request body, or None as soon as it passes ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise HTTPError(400, "INVALID_REQUEST")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _send(send: Callable[[Any], Awaitable[None]], status: int, body: bytes, content_type: str) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", content_type.encode()), (b"content-length", b"%d" % len(body)), NSQ_HEADER]})
+    await send({"type": "http.response.body", "body": body})

@@ -25,7 +25,7 @@ from pynsqd.options import UsageError
 from pynsqd.shard import metadata
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.http import build_app
+from pynsqd.shard.http import NsqdHTTP
 from pynsqd.shard.protocol import ClientV2
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.wire.message import MIN_MESSAGE_SIZE
@@ -85,6 +85,10 @@ class NsqdNode:
         except OSError as exc:
             log.error("failed to persist metadata - %s", exc)
 
+    def set_lookupd_addresses(self, addresses: list[str]) -> None:
+        """``PUT /config/nsqlookupd_tcp_addresses``."""
+        self.opts.lookupd_tcp_address = list(addresses)
+
     def _metadata_changed(self) -> None:
         """Topics or channels came or went: save soon, once per burst of changes."""
         if not self._save_pending:
@@ -130,7 +134,9 @@ class NsqdNode:
             lambda: ClientV2(self.broker, self.opts), sock=self.tcp_socket, backlog=1024)
         log.info("TCP: listening on %s", describe(self.tcp_socket))
         if self.http_socket is not None:
-            self._http_server = embedded_server(build_app(self.broker, self.info()))
+            app = NsqdHTTP(self.broker, self.opts, self.info(), self.save_metadata,
+                           self.set_lookupd_addresses)
+            self._http_server = embedded_server(app)
             self._http_task = asyncio.create_task(self._http_server.serve(sockets=[self.http_socket]))
             log.info("HTTP: listening on %s", describe(self.http_socket))
         try:

@@ -6,12 +6,15 @@ reads nsqd's ``/stats`` reads ours. Topics and channels are sorted by name.
 
 from __future__ import annotations
 
+import datetime
 import gc
 import os
 import sys
+import time
 from typing import Any
 
-from pynsqd import NSQ_VERSION
+from pynsqd import NSQ_VERSION, __version__
+from pynsqd.options import SECOND, format_duration
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.topic import Topic
@@ -46,9 +49,13 @@ def client_stats(client: Any) -> dict[str, Any]:
 
 
 def producer_stats(client: Any) -> dict[str, Any]:
-    out = client_stats(client)
-    # nsqd's loop over pub_counts stops after the first entry; we report them all.
-    out["pub_counts"] = [{"topic": t, "count": n} for t, n in sorted(client.pub_counts.items())]
+    """A client's stats with ``pub_counts`` where nsqd's struct has it (before ``tls``)."""
+    out: dict[str, Any] = {}
+    for key, value in client_stats(client).items():
+        if key == "tls":
+            # nsqd's loop over pub_counts stops after the first entry; we report them all.
+            out["pub_counts"] = [{"topic": t, "count": n} for t, n in sorted(client.pub_counts.items())]
+        out[key] = value
     return out
 
 
@@ -131,3 +138,72 @@ def node_stats(broker: Broker, topic_filter: str = "", channel_filter: str = "",
     producers = [producer_stats(c) for c in broker.clients if c.pub_counts] if include_clients else []
     out["producers"] = producers or None
     return out
+
+
+# --- format=text --------------------------------------------------------------------------
+
+def _ago(now: float, ts: int) -> str:
+    return format_duration(max(0, int(now - ts)) * SECOND)
+
+
+def _client_line(c: dict[str, Any], now: float) -> str:
+    port = c["remote_address"].rpartition(":")[2]
+    ident = f"{c['hostname']}:{port} {c['user_agent']}"
+    if c.get("pub_counts"):
+        total = sum(p["count"] for p in c["pub_counts"])
+        topics = ",".join(f"{p['topic']}={p['count']}" for p in c["pub_counts"])
+        return (f"[{c['version']} {ident:<21}] msgs: {total:<8d} topics: {topics} "
+                f"connected: {_ago(now, c['connect_ts'])}")
+    return (f"[{c['version']} {ident:<21}] state: {c['state']} inflt: {c['in_flight_count']:<4d} "
+            f"rdy: {c['ready_count']:<4d} fin: {c['finish_count']:<8d} re-q: {c['requeue_count']:<8d} "
+            f"msgs: {c['message_count']:<8d} connected: {_ago(now, c['connect_ts'])}")
+
+
+def _latency(e2e: dict[str, Any]) -> str:
+    parts = []
+    for p in e2e.get("percentiles") or []:
+        value = float(p["value"])
+        if value > 1e9:
+            label = f"{value / 1e9:.1f}s"
+        elif value > 1e6:
+            label = f"{value / 1e6:.1f}ms"
+        elif value > 1e3:
+            label = f"{value / 1e3:.1f}us"
+        else:
+            label = f"{value:.1f}ns"
+        parts.append(f"{p['quantile']:.2f}: {label}")
+    return ", ".join(parts)
+
+
+def format_text(stats: dict[str, Any], now: float | None = None) -> str:
+    """``/stats`` in nsqd's text layout (the default ``format``)."""
+    now = time.time() if now is None else now
+    start = stats["start_time"]
+    out = [f"nsqd v{stats['version']} (built w/pynsqd {__version__})\n",
+           f"start_time {datetime.datetime.fromtimestamp(start).astimezone().isoformat(timespec='seconds')}\n",
+           f"uptime {format_duration(int((now - start) * SECOND))}\n",
+           f"\nHealth: {stats['health']}\n"]
+    memory = stats.get("memory")
+    if memory:
+        out.append("\nMemory:\n")
+        out.extend(f"   {key:<25}\t{value}\n" for key, value in memory.items())
+    out.append("\nTopics:" if stats["topics"] else "\nTopics: None\n")
+    for t in stats["topics"]:
+        prefix = "*P " if t["paused"] else "   "
+        out.append(f"\n{prefix}[{t['topic_name']:<15}] depth: {t['depth']:<5d} be-depth: {t['backend_depth']:<5d} "
+                   f"msgs: {t['message_count']:<8d} e2e%: {_latency(t['e2e_processing_latency'])}\n")
+        for c in t["channels"]:
+            prefix = "   *P " if c["paused"] else "      "
+            out.append(f"{prefix}[{c['channel_name']:<25}] depth: {c['depth']:<5d} "
+                       f"be-depth: {c['backend_depth']:<5d} inflt: {c['in_flight_count']:<4d} "
+                       f"def: {c['deferred_count']:<4d} re-q: {c['requeue_count']:<5d} "
+                       f"timeout: {c['timeout_count']:<5d} msgs: {c['message_count']:<8d} "
+                       f"e2e%: {_latency(c['e2e_processing_latency'])}\n")
+            out.extend(f"        {_client_line(client, now)}\n" for client in c["clients"] or [])
+    producers = stats.get("producers") or []
+    if producers:
+        out.append("\nProducers:\n")
+        out.extend(f"   {_client_line(p, now)}\n" for p in producers)
+    else:
+        out.append("\nProducers: None\n")
+    return "".join(out)

@@ -333,3 +333,18 @@ def encode_touch(msg_id: bytes) -> bytes:
 
 NOP = b"NOP\n"
 CLS = b"CLS\n"
+
+
+def parse_mpub_body(body: bytes, max_msg_size: int, max_body_size: int) -> list[bytes]:
+    """Split a binary MPUB body (``[4B count]([4B size][data])*``, as HTTP ``/mpub?binary=true``
+    takes it) with the TCP command's checks. Raises ``ProtocolError``."""
+    parser = CommandParser(max_msg_size, max_body_size)
+    events = parser.feed(b"MPUB t\n" + _SIZE.pack(len(body)) + body)
+    if not events:
+        raise ProtocolError("E_BAD_BODY", "MPUB failed to read body")
+    last = events[-1]
+    if isinstance(last, ProtocolError):
+        raise last
+    bodies = last[2]
+    assert isinstance(bodies, list)
+    return bodies

@@ -1,0 +1,85 @@
+"""Prometheus exposition of ``/stats`` (``GET /metrics``, ``/stats?format=prometheus``).
+
+Every figure of nsqd's ``/stats`` becomes a metric labelled by ``topic`` and ``channel``;
+totals (``message_count``, ``requeue_count`` …) are counters, levels (``depth``,
+``in_flight_count`` …) gauges. The exposition format is ``prometheus_client``'s; this module
+only maps a stats document (one shard's, or a node's aggregate) onto metric families, so it
+works on whatever ``node_stats`` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TOPIC = [  # (stats key, metric name, kind, help)
+    ("depth", "nsq_topic_depth", "gauge", "Messages queued at the topic (memory and disk)"),
+    ("backend_depth", "nsq_topic_backend_depth", "gauge", "Messages of the topic queued on disk"),
+    ("message_count", "nsq_topic_messages", "counter", "Messages published to the topic"),
+    ("message_bytes", "nsq_topic_message_bytes", "counter", "Bytes of message bodies published to the topic"),
+    ("paused", "nsq_topic_paused", "gauge", "1 when the topic is paused"),
+]
+_CHANNEL = [
+    ("depth", "nsq_channel_depth", "gauge", "Messages queued in the channel (memory and disk)"),
+    ("backend_depth", "nsq_channel_backend_depth", "gauge", "Messages of the channel queued on disk"),
+    ("in_flight_count", "nsq_channel_in_flight", "gauge", "Messages delivered and not yet finished"),
+    ("deferred_count", "nsq_channel_deferred", "gauge", "Messages waiting for a deferred delivery time"),
+    ("message_count", "nsq_channel_messages", "counter", "Messages put into the channel"),
+    ("requeue_count", "nsq_channel_requeued", "counter", "Messages requeued by consumers"),
+    ("timeout_count", "nsq_channel_timed_out", "counter", "Messages that timed out in flight"),
+    ("client_count", "nsq_channel_clients", "gauge", "Consumers connected to the channel"),
+    ("paused", "nsq_channel_paused", "gauge", "1 when the channel is paused"),
+]
+
+
+def _family(name: str, kind: str, doc: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
+    if kind == "counter":
+        return CounterMetricFamily(name, doc, labels=labels)
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+class StatsCollector:
+    """A prometheus_client collector reading a fresh stats document on every scrape."""
+
+    def __init__(self, get_stats: Callable[[], dict[str, Any]]) -> None:
+        self.get_stats = get_stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.get_stats()
+        health = GaugeMetricFamily("nsq_health", "1 when the node is healthy", labels=[])
+        health.add_metric([], 1.0 if stats["health"] == "OK" else 0.0)
+        yield health
+        start = GaugeMetricFamily("nsq_start_time_seconds", "Unix time the node started", labels=[])
+        start.add_metric([], float(stats["start_time"]))
+        yield start
+        topics = {key: _family(name, kind, doc, ["topic"]) for key, name, kind, doc in _TOPIC}
+        channels = {key: _family(name, kind, doc, ["topic", "channel"]) for key, name, kind, doc in _CHANNEL}
+        producers = CounterMetricFamily("nsq_client_published_messages",
+                                        "Messages published by each TCP producer connection",
+                                        labels=["client", "topic"])
+        for t in stats["topics"]:
+            for key, family in topics.items():
+                family.add_metric([t["topic_name"]], float(t[key]))
+            for c in t["channels"]:
+                for key, family in channels.items():
+                    family.add_metric([t["topic_name"], c["channel_name"]], float(c[key]))
+        for p in stats.get("producers") or []:
+            for pc in p.get("pub_counts") or []:
+                producers.add_metric([p["remote_address"], pc["topic"]], float(pc["count"]))
+        yield from topics.values()
+        yield from channels.values()
+        yield producers
+
+
+def exposition(get_stats: Callable[[], dict[str, Any]]) -> bytes:
+    """The text exposition of the stats plus this process's own metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatsCollector(get_stats))
+    ProcessCollector(registry=registry)
+    return bytes(generate_latest(registry))
