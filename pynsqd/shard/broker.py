@@ -65,7 +65,8 @@ class Broker:
         self._pump_handle: asyncio.Handle | None = None
         self._scan_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.on_change: Callable[[], None] | None = None  # topics/channels created or deleted
+        # ("created" | "deleted", topic, channel or None) for every topic/channel change
+        self.on_change: Callable[[str, str, str | None], None] | None = None
 
     # --- the loop-driven machinery --------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -111,7 +112,7 @@ class Broker:
                           self.opts.mem_queue_size, self.schedule)
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
-            self._changed()
+            self._changed("created", name, None)
         return topic
 
     def get_channel(self, topic: Topic, name: str) -> Channel:
@@ -123,16 +124,19 @@ class Broker:
                               self.opts.max_channel_consumers)
             topic.add_channel(channel)
             log.info("TOPIC(%s): new channel(%s)", topic.name, name)
-            self._changed()
+            self._changed("created", topic.name, name)
         return channel
 
     def delete_topic(self, name: str) -> bool:
         topic = self.topics.pop(name, None)
         if topic is None:
             return False
+        channels = list(topic.channels)
         topic.close(delete=True)
         log.info("TOPIC(%s): deleted", name)
-        self._changed()
+        for channel in channels:
+            self._changed("deleted", name, channel)
+        self._changed("deleted", name, None)
         return True
 
     def delete_channel(self, topic: Topic, name: str) -> bool:
@@ -141,7 +145,7 @@ class Broker:
             return False
         channel.close(delete=True)
         log.info("CHANNEL(%s:%s): deleted", topic.name, name)
-        self._changed()
+        self._changed("deleted", topic.name, name)
         return True
 
     def consumer_left(self, channel: Channel) -> None:
@@ -154,9 +158,9 @@ class Broker:
                 if topic.ephemeral and not topic.channels:
                     self.delete_topic(topic.name)
 
-    def _changed(self) -> None:
+    def _changed(self, event: str, topic: str, channel: str | None) -> None:
         if self.on_change is not None:
-            self.on_change()
+            self.on_change(event, topic, channel)
 
     # --- publishing -----------------------------------------------------------------------
     def publish(self, topic_name: str, bodies: list[bytes]) -> None:
@@ -186,6 +190,10 @@ class Broker:
         topic.put_deferred(record, delay_ms * MS, time.monotonic_ns(), len(body))
 
     # --- metadata -------------------------------------------------------------------------
+    def registrations(self) -> list[tuple[str, list[str]]]:
+        """Topics and their channels, for registering with nsqlookupd."""
+        return [(t.name, list(t.channels)) for t in self.topics.values()]
+
     def snapshot(self) -> list[tuple[str, bool, list[tuple[str, bool]]]]:
         """Topics and channels with their paused flags, for ``nsqd.dat``."""
         return [(t.name, t.paused, [(c.name, c.paused) for c in t.channels.values()])

@@ -212,7 +212,6 @@ def check_supported(opts: NsqdOptions) -> None:
         "--tls-root-ca-file": bool(opts.tls_root_ca_file),
         "--auth-http-address (AUTH)": bool(opts.auth_http_address),
         "--statsd-address (statsd)": bool(opts.statsd_address),
-        "--lookupd-tcp-address (nsqlookupd registration)": bool(opts.lookupd_tcp_address),
         "--e2e-processing-latency-percentile": bool(opts.e2e_processing_latency_percentile),
         "--enable-experiment": bool(opts.enable_experiment),
     }

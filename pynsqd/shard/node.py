@@ -28,7 +28,10 @@ from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.http import NsqdHTTP
 from pynsqd.shard.protocol import ClientV2
 from pynsqd.shm.diskqueue import DiskQueue
+from pynsqd.supervisor.registration import Registration
+from pynsqd.wire.lookup import IdentifyInfo
 from pynsqd.wire.message import MIN_MESSAGE_SIZE
+from pynsqd.wire.names import is_ephemeral, is_valid_name
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -48,6 +51,8 @@ class NsqdNode:
             os.close(self._lock_fd)
             raise UsageError(f"failed to load metadata - {exc}") from None
         self._save_pending = False
+        self._background: set[asyncio.Task[None]] = set()
+        self.registration = Registration(self.identity, self.broker.registrations, opts.max_body_size)
         self.tcp_socket: socket.socket = bind(opts.tcp_address, "tcp-address")
         self.http_socket: socket.socket | None = (
             bind(opts.http_address, "http-address") if opts.http_address else None)
@@ -86,14 +91,35 @@ class NsqdNode:
             log.error("failed to persist metadata - %s", exc)
 
     def set_lookupd_addresses(self, addresses: list[str]) -> None:
-        """``PUT /config/nsqlookupd_tcp_addresses``."""
+        """``--lookupd-tcp-address`` at start, ``PUT /config/nsqlookupd_tcp_addresses`` later."""
         self.opts.lookupd_tcp_address = list(addresses)
+        self.registration.set_addresses(self.opts.lookupd_tcp_address)
 
-    def _metadata_changed(self) -> None:
-        """Topics or channels came or went: save soon, once per burst of changes."""
+    def identity(self) -> IdentifyInfo:
+        """What this node tells nsqlookupd about itself."""
+        return IdentifyInfo(broadcast_address=self.opts.broadcast_address,
+                            tcp_port=self.opts.broadcast_tcp_port or self.tcp_port,
+                            http_port=self.opts.broadcast_http_port or self.http_port,
+                            version=NSQ_VERSION, hostname=socket.gethostname())
+
+    def _changed(self, event: str, topic: str, channel: str | None) -> None:
+        """A topic or channel came or went: tell lookupd, save metadata soon (once per burst),
+        and for a new topic pre-create the channels lookupd knows of."""
+        self.registration.changed(event, topic, channel)
+        loop = asyncio.get_running_loop()
         if not self._save_pending:
             self._save_pending = True
-            asyncio.get_running_loop().call_soon(self.save_metadata)
+            loop.call_soon(self.save_metadata)
+        if event == "created" and channel is None and self.registration.peers:
+            task = loop.create_task(self._precreate_channels(topic))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _precreate_channels(self, topic_name: str) -> None:
+        for name in sorted(await self.registration.channels_for(topic_name)):
+            topic = self.broker.topics.get(topic_name)
+            if topic is not None and not is_ephemeral(name) and is_valid_name(name):
+                self.broker.get_channel(topic, name)
 
     @property
     def tcp_port(self) -> int:
@@ -129,7 +155,8 @@ class NsqdNode:
         log.info("ID: %d", self.opts.node_id)
         self.broker.start(loop)
         self.save_metadata()
-        self.broker.on_change = self._metadata_changed
+        self.broker.on_change = self._changed
+        self.set_lookupd_addresses(self.opts.lookupd_tcp_address)
         self._tcp_server = await loop.create_server(
             lambda: ClientV2(self.broker, self.opts), sock=self.tcp_socket, backlog=1024)
         log.info("TCP: listening on %s", describe(self.tcp_socket))
@@ -159,6 +186,7 @@ class NsqdNode:
             log.info("closed %d client connection(s)", len(clients))
         self.save_metadata()
         self.broker.close()
+        await self.registration.close()
         if self._http_server is not None:
             self._http_server.should_exit = True
             if self._http_task is not None:

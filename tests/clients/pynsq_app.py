@@ -1,7 +1,7 @@
 """A pynsq (PyPI) publisher/consumer run by the interop tests as a separate process.
 
   pub  --nsqd H:P --topic T --count N [--mpub B] [--defer MS]     prints "published N"
-  sub  --nsqd H:P --topic T --channel C [--max-in-flight K] [--req-first] [--touch]
+  sub  (--nsqd H:P | --lookupd http://H:P ...) --topic T --channel C [--max-in-flight K] [--req-first] [--touch]
        [--msg-timeout MS]   prints one JSON line per finished message; stops on SIGTERM
        or after --count finished messages.
 """
@@ -90,9 +90,14 @@ def sub(args: argparse.Namespace) -> None:
     kwargs = {}
     if args.msg_timeout:
         kwargs["msg_timeout"] = args.msg_timeout / 1000  # pynsq takes seconds
+    if args.lookupd:
+        kwargs["lookupd_http_addresses"] = args.lookupd
+        kwargs["lookupd_poll_interval"] = 1
+        kwargs["lookupd_poll_jitter"] = 0.0
+    else:
+        kwargs["nsqd_tcp_addresses"] = [args.nsqd]
     nsq.Reader(topic=args.topic, channel=args.channel, message_handler=handler,
-               nsqd_tcp_addresses=[args.nsqd], max_in_flight=args.max_in_flight,
-               max_tries=0, **kwargs)
+               max_in_flight=args.max_in_flight, max_tries=0, **kwargs)
     signal.signal(signal.SIGTERM, lambda *_: loop.add_callback_from_signal(loop.stop))
     nsq.run()
 
@@ -100,7 +105,8 @@ def sub(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["pub", "sub"])
-    parser.add_argument("--nsqd", required=True)
+    parser.add_argument("--nsqd", default="")
+    parser.add_argument("--lookupd", action="append", default=[], help="lookupd HTTP address (sub)")
     parser.add_argument("--topic", required=True)
     parser.add_argument("--channel", default="ch")
     parser.add_argument("--count", type=int, default=0)
