@@ -257,7 +257,6 @@ def test_missing_config_file(tmp_path: Path) -> None:
     (["--tls-root-ca-file=ca.pem"], "tls-root-ca-file"),
     (["--auth-http-address=127.0.0.1:4181"], "AUTH"),
     (["--statsd-address=127.0.0.1:8125"], "statsd"),
-    (["--lookupd-tcp-address=127.0.0.1:4160"], "nsqlookupd"),
     (["--e2e-processing-latency-percentile=0.99"], "e2e"),
     (["--enable-experiment=topology-aware-consumption"], "experiment"),
 ])
