@@ -8,6 +8,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+import pytest
+
 from pynsqd.wire.commands import encode_fin, encode_mpub, encode_pub, encode_req
 from tests.harness import Daemon
 from tests.rawclient import RawClient
@@ -117,3 +120,37 @@ def test_corrupt_metadata_is_a_clear_error(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "failed to load metadata" in proc.stderr
+
+
+def test_topics_channels_and_pauses_set_over_http_survive_restart(
+        nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    nsqd = nsqd_factory(data_path=tmp_path)
+    http = httpx.Client(base_url=nsqd.http_url, timeout=10)
+    for call in ("/topic/create?topic=a", "/topic/create?topic=b", "/channel/create?topic=a&channel=x",
+                 "/channel/create?topic=a&channel=y", "/topic/pause?topic=b",
+                 "/channel/pause?topic=a&channel=y", "/topic/create?topic=gone%23ephemeral"):
+        assert http.post(call).status_code == 200, call
+    http.close()
+    assert nsqd.stop() == 0
+    again = nsqd_factory(data_path=tmp_path)
+    with httpx.Client(base_url=again.http_url, timeout=10) as http2:
+        topics = http2.get("/stats", params={"format": "json"}).json()["topics"]
+    shape = [(t["topic_name"], t["paused"], [(c["channel_name"], c["paused"]) for c in t["channels"]])
+             for t in topics]
+    assert shape == [("a", False, [("x", False), ("y", True)]), ("b", True, [])]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--msg-timeout=forever"], "invalid value 'forever' for flag --msg-timeout"),
+    (["--node-id=2000"], "--node-id must be [0,1024) (got 2000)"),
+    (["--tcp-address=nonsense"], "invalid value 'nonsense' for flag --tcp-address"),
+    (["--tls-cert=c.pem", "--tls-key=k.pem"], "not supported by this build of pynsqd yet"),
+])
+def test_bad_flags_are_one_line_errors_with_exit_1(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pynsqd.supervisor", f"--data-path={tmp_path}", *args],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("nsqd: error: ")
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
