@@ -39,13 +39,14 @@ def nsqd_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     """Start nsqd nodes: ``nsqd_factory("--mem-queue-size=10")`` → a started ``Daemon``."""
     started: list[Daemon] = []
 
-    def make(*args: str, data_path: Path | None = None, start: bool = True) -> Daemon:
+    def make(*args: str, data_path: Path | None = None, start: bool = True,
+             limits: dict[int, tuple[int, int]] | None = None) -> Daemon:
         path = data_path or tmp_path / f"nsqd{len(started)}"
         path.mkdir(parents=True, exist_ok=True)
         daemon = Daemon("pynsqd.supervisor", [
             "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
             f"--data-path={path}", "--log-level=debug", *args,
-        ], listeners=("TCP", "HTTP"))
+        ], listeners=("TCP", "HTTP"), limits=limits)
         started.append(daemon)
         return daemon.start() if start else daemon
 

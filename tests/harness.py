@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -45,12 +46,14 @@ class Daemon:
     """One daemon process (``python -m <module> <args>``) started for a test."""
 
     def __init__(self, module: str, args: Sequence[str], listeners: Sequence[str] = ("TCP", "HTTP"),
-                 env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+                 env: dict[str, str] | None = None, cwd: str | None = None,
+                 limits: dict[int, tuple[int, int]] | None = None) -> None:
         self.module = module
         self.args = list(args)
         self.listeners = tuple(listeners)
         self.env = env
         self.cwd = cwd
+        self.limits = limits or {}  # resource.RLIMIT_* → (soft, hard), set in the child
         self.proc: subprocess.Popen[bytes] | None = None
         self.lines: list[str] = []
         self.addresses: dict[str, tuple[str, int]] = {}
@@ -69,6 +72,7 @@ class Daemon:
             [sys.executable, "-m", self.module, *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, cwd=self.cwd, start_new_session=True,
+            preexec_fn=self._set_limits if self.limits else None,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -88,6 +92,10 @@ class Daemon:
                     raise RuntimeError(f"{self.module} did not start in time:\n{self.output}")
                 self._cond.wait(min(left, 0.1))
         return self
+
+    def _set_limits(self) -> None:
+        for which, value in self.limits.items():
+            resource.setrlimit(which, value)
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 from collections.abc import Callable
@@ -154,3 +155,32 @@ def test_bad_flags_are_one_line_errors_with_exit_1(tmp_path: Path, args: list[st
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("nsqd: error: ")
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_full_disk_fails_the_publish_and_damages_nothing(nsqd_factory: Callable[..., Daemon],
+                                                         tmp_path: Path) -> None:
+    # every file of the node may grow to 64 KiB; Python ignores SIGXFSZ, so writes get EFBIG
+    nsqd = nsqd_factory("--mem-queue-size=0", data_path=tmp_path,
+                        limits={resource.RLIMIT_FSIZE: (65536, 65536)})
+    stored: list[bytes] = []
+    with RawClient(nsqd.tcp) as p:
+        for i in range(200):
+            body = b"%04d" % i + b"x" * 996
+            p.send(encode_pub("full", body))
+            frame_type, data = p.read_frame()
+            if frame_type == 1:
+                assert data.startswith(b"E_PUB_FAILED PUB failed ")
+                break
+            stored.append(body)
+        else:
+            raise AssertionError("the disk never filled")
+        p.expect_closed()
+    assert 50 <= len(stored) < 66
+    ping = httpx.get(f"{nsqd.http_url}/ping", timeout=10)
+    assert ping.status_code == 500 and ping.text.startswith("NOK - ")
+    with RawClient(nsqd.tcp) as c:
+        c.subscribe("full", "ch", rdy=100)
+        got = [m.body for m in c.read_messages(len(stored))]
+        c.expect_nothing(0.3)
+    assert got == stored
+    assert not list(tmp_path.glob("*.bad"))
