@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,29 +22,9 @@ import psutil
 import uvloop
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-
-def start_node(data: str) -> tuple[subprocess.Popen[bytes], int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pynsqd.supervisor", "--tcp-address=127.0.0.1:0",
-         "--http-address=127.0.0.1:0", f"--data-path={data}", "--mem-queue-size=10000000",
-         "--log-level=warn"], cwd=ROOT)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        listening = sorted(c.laddr.port for c in psutil.Process(proc.pid).net_connections("tcp")
-                           if c.status == "LISTEN")
-        if len(listening) == 2:
-            # the HTTP port is the one that answers /ping
-            for port in listening:
-                try:
-                    import httpx
-                    if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=1).text == "OK":
-                        return proc, port
-                except Exception:
-                    continue
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("node did not start")
+from bench.common import Figures, report, start_node  # noqa: E402
 
 
 class Conn(asyncio.Protocol):
@@ -136,13 +114,13 @@ def phase(port: int, request: bytes, per_request: int, args: argparse.Namespace,
             "p99_ms": lat[int(len(lat) * 0.99)] * 1e3, "cpu_s_per_M": cpu / max(msgs, 1) * 1e6}
 
 
-def one_run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+def one_run(args: argparse.Namespace) -> Figures:
     body = b"a" * args.size
     pub = (b"POST /pub?topic=bench HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
     mbody = b"\n".join([body] * args.batch)
     mpub = (b"POST /mpub?topic=bench HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(mbody)) + mbody
     with tempfile.TemporaryDirectory() as data:
-        proc, port = start_node(data)
+        proc, _, port = start_node(data, "--mem-queue-size=10000000", "--log-level=info")
         server = psutil.Process(proc.pid)
         try:
             out = {"pub": phase(port, pub, 1, args, server, args.size)}
@@ -164,17 +142,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=200, help="messages per /mpub")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
-    runs = []
-    for i in range(args.repeat):
-        runs.append(one_run(args))
-        print(f"run {i + 1}: " + "  ".join(f"{ph}: " + ", ".join(f"{k}={v:,.1f}" for k, v in f.items())
-                                          for ph, f in runs[-1].items()), flush=True)
-    print(f"\nmedian of {len(runs)} run(s): /pub with {args.connections} keep-alive connections, "
-          f"/mpub of {args.batch} x {args.size} B")
-    for ph in runs[0]:
-        row = {k: statistics.median(r[ph][k] for r in runs) for k in runs[0][ph]}
-        print(f"  {ph:5s} " + "  ".join(f"{k}={v:,.2f}" for k, v in row.items()))
-
+    report(one_run, args, f"/pub with {args.connections} keep-alive connections, "
+                          f"/mpub of {args.batch} x {args.size} B")
 
 if __name__ == "__main__":
     main()

@@ -21,9 +21,7 @@ import argparse
 import multiprocessing as mp
 import os
 import socket
-import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,25 +32,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import Figures, report, start_node  # noqa: E402
 from pynsqd.wire.commands import encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub  # noqa: E402
 
 _HDR = struct.Struct(">ii")
-
-
-def start_node(data: str, mem_queue_size: int) -> tuple[subprocess.Popen[bytes], tuple[str, int]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pynsqd.supervisor", "--tcp-address=127.0.0.1:0", "--http-address=",
-         f"--data-path={data}", f"--mem-queue-size={mem_queue_size}", "--log-level=warn"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
-    # the TCP line is logged at info; ask for it by polling the port file instead: use ss
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        conns = [c for c in psutil.Process(proc.pid).net_connections("tcp") if c.status == "LISTEN"]
-        if conns:
-            return proc, ("127.0.0.1", conns[0].laddr.port)
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("node did not start")
 
 
 def _connect(addr: tuple[str, int]) -> socket.socket:
@@ -215,11 +198,12 @@ def run_phase(name: str, procs: list[mp.Process], q: mp.Queue, meter: Meter,  # 
     return fig
 
 
-def one_run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+def one_run(args: argparse.Namespace) -> Figures:
     ctx = mp.get_context("spawn")
     figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as data:
-        proc, addr = start_node(data, args.mem_queue_size)
+        proc, tcp_port, _ = start_node(data, f"--mem-queue-size={args.mem_queue_size}", "--log-level=info")
+        addr = ("127.0.0.1", tcp_port)
         meter = Meter(proc.pid)
         try:
             time.sleep(0.5)
@@ -266,17 +250,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=20_000, help="msgs/s during the latency phase")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
-    runs = []
-    for i in range(args.repeat):
-        runs.append(one_run(args))
-        print(f"run {i + 1}: " + "  ".join(f"{ph}: " + ", ".join(f"{k}={v:,.1f}" for k, v in f.items())
-                                          for ph, f in runs[-1].items()), flush=True)
-    print(f"\nmedian of {len(runs)} run(s), {args.size}-byte messages, MPUB batch {args.batch}:")
-    for phase in runs[0]:
-        keys = runs[0][phase]
-        row = {k: statistics.median(r[phase][k] for r in runs) for k in keys}
-        print(f"  {phase:8s} " + "  ".join(f"{k}={v:,.2f}" for k, v in row.items()))
-
+    report(one_run, args, f"{args.size}-byte messages, MPUB batch {args.batch}")
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -1,0 +1,61 @@
+"""What every benchmark here shares: starting a node to measure, and the median report."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+ROOT = Path(__file__).resolve().parent.parent
+_LISTEN = re.compile(rb"(TCP|HTTP): listening on \S+:(\d+)")
+
+Figures = dict[str, dict[str, float]]
+
+
+def start_node(data: str, *flags: str) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start ``nsqd`` on free loopback ports; returns the process, its TCP and HTTP ports."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pynsqd.supervisor", "--tcp-address=127.0.0.1:0",
+         "--http-address=127.0.0.1:0", f"--data-path={data}", *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stderr is not None
+    ports: dict[bytes, int] = {}
+    deadline = time.monotonic() + 30
+    while len(ports) < 2 and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            raise SystemExit("node exited before listening")
+        m = _LISTEN.search(line)
+        if m:
+            ports[m.group(1)] = int(m.group(2))
+    if len(ports) < 2:
+        proc.kill()
+        raise SystemExit("node did not start")
+    threading.Thread(target=_drain, args=(proc.stderr,), daemon=True).start()
+    return proc, ports[b"TCP"], ports[b"HTTP"]
+
+
+def _drain(stream: IO[bytes]) -> None:
+    """Keep reading the node's log so it never blocks on a full pipe."""
+    for _ in stream:
+        pass
+
+
+def report(one_run: Callable[[argparse.Namespace], Figures], args: argparse.Namespace, title: str) -> None:
+    """Run ``one_run`` ``args.repeat`` times; print each run, then the median of each figure."""
+    runs: list[Figures] = []
+    for i in range(args.repeat):
+        runs.append(one_run(args))
+        print(f"run {i + 1}: " + "  ".join(f"{ph}: " + ", ".join(f"{k}={v:,.1f}" for k, v in f.items())
+                                          for ph, f in runs[-1].items()), flush=True)
+    print(f"\nmedian of {len(runs)} run(s), {title}:")
+    for phase in runs[0]:
+        row = {k: statistics.median(r[phase][k] for r in runs) for k in runs[0][phase]}
+        print(f"  {phase:8s} " + "  ".join(f"{k}={v:,.2f}" for k, v in row.items()))
