@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 
 from pynsqd import NSQ_VERSION, __version__
@@ -27,6 +28,7 @@ from pynsqd.shard.broker import Broker
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.http import NsqdHTTP
 from pynsqd.shard.protocol import ClientV2
+from pynsqd.shard.transport import build_server_context
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.supervisor.registration import Registration
 from pynsqd.wire.lookup import IdentifyInfo
@@ -53,6 +55,11 @@ class NsqdNode:
         self._save_pending = False
         self._background: set[asyncio.Task[None]] = set()
         self.registration = Registration(self.identity, self.broker.registrations, opts.max_body_size)
+        try:
+            self.tls_ctx = build_server_context(opts)
+        except (OSError, ssl.SSLError) as exc:
+            os.close(self._lock_fd)
+            raise UsageError(f"failed to load TLS certificate/key: {exc}") from None
         self.tcp_socket: socket.socket = bind(opts.tcp_address, "tcp-address")
         self.http_socket: socket.socket | None = (
             bind(opts.http_address, "http-address") if opts.http_address else None)
@@ -158,7 +165,7 @@ class NsqdNode:
         self.broker.on_change = self._changed
         self.set_lookupd_addresses(self.opts.lookupd_tcp_address)
         self._tcp_server = await loop.create_server(
-            lambda: ClientV2(self.broker, self.opts), sock=self.tcp_socket, backlog=1024)
+            lambda: ClientV2(self.broker, self.opts, self.tls_ctx), sock=self.tcp_socket, backlog=1024)
         log.info("TCP: listening on %s", describe(self.tcp_socket))
         if self.http_socket is not None:
             app = NsqdHTTP(self.broker, self.opts, self.info(), self.save_metadata,

@@ -24,7 +24,7 @@ _NO_LATENCY: dict[str, Any] = {"count": 0, "percentiles": None}
 
 def client_stats(client: Any) -> dict[str, Any]:
     settings = client.settings
-    return {
+    out = {
         "client_id": settings.client_id,
         "hostname": settings.hostname,
         "version": "V2",
@@ -37,15 +37,19 @@ def client_stats(client: Any) -> dict[str, Any]:
         "requeue_count": client.requeue_count,
         "connect_ts": client.connect_ts,
         "sample_rate": settings.sample_rate,
-        "deflate": False,
-        "snappy": False,
+        "deflate": client.compression == "deflate",
+        "snappy": client.compression == "snappy",
         "user_agent": settings.user_agent,
-        "tls": False,
-        "tls_cipher_suite": "",
-        "tls_version": "",
-        "tls_negotiated_protocol": "",
-        "tls_negotiated_protocol_is_mutual": False,
     }
+    auth = client.auth
+    if auth is not None and auth.authed:  # omitempty, as nsqd's JSON tags say
+        out["authed"] = True
+        if auth.state.identity:
+            out["auth_identity"] = auth.state.identity
+        if auth.state.identity_url:
+            out["auth_identity_url"] = auth.state.identity_url
+    out.update(client.tls_info)
+    return out
 
 
 def producer_stats(client: Any) -> dict[str, Any]:
