@@ -368,6 +368,7 @@ class ClientV2(asyncio.Protocol):
 
     def _compress(self, name: str, level: int) -> None:
         assert self.transport is not None
+        log.info("PROTOCOL(V2): [%s] upgrading connection to %s", self.remote_address, name)
         codec = make_codec(name, level)
         self.transport = cast(asyncio.Transport, CompressedTransport(self.transport, codec))
         self._decoder = codec
@@ -390,6 +391,7 @@ class ClientV2(asyncio.Protocol):
         if self.settings.heartbeat_interval != old_hb:
             self._arm_heartbeat()
         if tls:
+            log.info("PROTOCOL(V2): [%s] upgrading connection to TLS", self.remote_address)
             self._suspend(self._upgrade_tls(compression, settings.deflate_level))
         elif compression:
             self._compress(compression, settings.deflate_level)
