@@ -34,7 +34,8 @@ class Certs:
         return cls(paths["ca"], paths["cert"], paths["key"], paths["client"], paths["stranger"])
 
     def server_args(self, *extra: str) -> list[str]:
-        return [f"--tls-cert={self.server_cert}", f"--tls-key={self.server_key}", *extra]
+        return [f"--tls-cert={self.server_cert}", f"--tls-key={self.server_key}", "--https-address=127.0.0.1:0",
+                *extra]
 
     def client_context(self, cert: str = "") -> ssl.SSLContext:
         """A client context trusting the CA; ``cert`` is ``""``, ``"client"`` or ``"stranger"``."""

@@ -253,8 +253,6 @@ def test_missing_config_file(tmp_path: Path) -> None:
 # --- start-up checks ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("argv", "match"), [
-    (["--statsd-address=127.0.0.1:8125"], "statsd"),
-    (["--e2e-processing-latency-percentile=0.99"], "e2e"),
     (["--enable-experiment=topology-aware-consumption"], "experiment"),
 ])
 def test_check_supported_refuses_what_is_not_built_yet(argv: list[str], match: str) -> None:

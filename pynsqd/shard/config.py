@@ -210,8 +210,6 @@ def check_supported(opts: NsqdOptions) -> None:
     if bool(opts.tls_cert) != bool(opts.tls_key):
         raise UsageError("--tls-cert and --tls-key must be given together")
     not_yet = {
-        "--statsd-address (statsd)": bool(opts.statsd_address),
-        "--e2e-processing-latency-percentile": bool(opts.e2e_processing_latency_percentile),
         "--enable-experiment": bool(opts.enable_experiment),
     }
     for what, is_set in not_yet.items():

@@ -17,9 +17,8 @@ from pynsqd import NSQ_VERSION, __version__
 from pynsqd.options import SECOND, format_duration
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.channel import Channel
+from pynsqd.shard.latency import NO_LATENCY, merged
 from pynsqd.shard.topic import Topic
-
-_NO_LATENCY: dict[str, Any] = {"count": 0, "percentiles": None}
 
 
 def client_stats(client: Any) -> dict[str, Any]:
@@ -76,7 +75,7 @@ def channel_stats(channel: Channel, include_clients: bool) -> dict[str, Any]:
         "client_count": len(channel.consumers),
         "clients": [client_stats(c) for c in channel.consumers] if include_clients else None,
         "paused": channel.paused,
-        "e2e_processing_latency": dict(_NO_LATENCY),
+        "e2e_processing_latency": channel.e2e.result() if channel.e2e is not None else dict(NO_LATENCY),
     }
 
 
@@ -92,7 +91,7 @@ def topic_stats(topic: Topic, channel_filter: str, include_clients: bool) -> dic
         "message_count": topic.message_count,
         "message_bytes": topic.message_bytes,
         "paused": topic.paused,
-        "e2e_processing_latency": dict(_NO_LATENCY),
+        "e2e_processing_latency": merged(c.e2e for c in topic.channels.values()),
     }
 
 
