@@ -124,10 +124,33 @@ class RawClient:
 
     # --- conveniences ---------------------------------------------------------------------
     def identify(self, **fields: Any) -> dict[str, Any]:
+        """IDENTIFY with feature negotiation; reads exactly the response frame off the socket,
+        so bytes of an upgraded stream that follow it stay unread."""
         body = {"feature_negotiation": True, **fields}
         self.send(encode_identify(json.dumps(body).encode()))
-        data = self.expect_response()
-        return dict(json.loads(data))
+        if self.frames or self.parser.buffered or self.codec is not None:
+            return dict(json.loads(self.expect_response()))
+        frame: tuple[int, bytes] = (FRAME_RESPONSE, b"_heartbeat_")
+        while frame == (FRAME_RESPONSE, b"_heartbeat_"):
+            frame = self.read_frame_exact()
+        assert frame[0] == FRAME_RESPONSE, frame
+        return dict(json.loads(frame[1]))
+
+    def read_frame_exact(self, timeout: float = 5.0) -> tuple[int, bytes]:
+        """One frame read straight off the socket, nothing more."""
+        self.sock.settimeout(scaled(timeout))
+        head = self._recv_exact(8)
+        size, frame_type = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:], "big")
+        return frame_type, self._recv_exact(size - 4)
+
+    def _recv_exact(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            data = self.sock.recv(n - len(out))
+            if not data:
+                raise ConnectionError("connection closed by server")
+            out += data
+        return out
 
     def subscribe(self, topic: str, channel: str, rdy: int | None = None) -> None:
         self.send(encode_sub(topic, channel))

@@ -85,6 +85,7 @@ class ClientV2(asyncio.Protocol):
         self.broker = broker
         self.opts = opts
         self.tls_ctx = tls_ctx
+        self._tls_required = opts.tls_required != "false"
         self.auth: AuthSession | None = None
         self.tls = False
         self.tls_info = NO_TLS
@@ -180,7 +181,7 @@ class ClientV2(asyncio.Protocol):
             name, params, body = event
             handler = self._handlers.get(name)
             try:
-                if name != b"IDENTIFY" and self.opts.tls_required != "false" and not self.tls:
+                if self._tls_required and not self.tls and name != b"IDENTIFY":
                     raise ProtocolError("E_INVALID", f"cannot {name.decode('utf-8', 'surrogateescape')} "
                                         "in current state (TLS required)")
                 if handler is None:

@@ -122,22 +122,26 @@ class StatsdPusher:
         self.get_stats = get_stats
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.interval)
             try:
-                self.push_once()
+                infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_DGRAM)
+                self.push_once(infos[0][0], infos[0][4])
+            except OSError as exc:
+                log.error("failed to create UDP socket to statsd(%s:%d) - %s", self.host, self.port, exc)
             except Exception:  # a bad tick must not end the pushes
                 log.exception("STATSD: push failed")
 
-    def push_once(self) -> None:
+    def push_once(self, family: int, sockaddr: Any) -> None:
+        """Send one tick's datagrams to a resolved address. Raises ``OSError``."""
         log.info("STATSD: pushing stats to %s:%d", self.host, self.port)
         data = packets(self.lines.lines(self.get_stats()), self.packet_size)
-        try:
-            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-            with socket.socket(family, socket.SOCK_DGRAM) as sock:
-                sock.setblocking(False)
-                sock.connect((self.host, self.port))
-                for packet in data:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.setblocking(False)
+            sock.connect(sockaddr)
+            for packet in data:
+                try:
                     sock.send(packet)
-        except OSError as exc:
-            log.error("failed to send stats to statsd(%s:%d) - %s", self.host, self.port, exc)
+                except BlockingIOError:  # a full socket buffer: drop, as UDP would
+                    pass
