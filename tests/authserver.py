@@ -6,6 +6,7 @@ Every request is recorded (method, path, query or JSON body, Accept header)."""
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -13,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 
 
 class AuthServer:
-    def __init__(self) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self.replies: dict[str, tuple[int, Any]] = {}
         self.requests: list[dict[str, Any]] = []
         server = self
@@ -44,13 +45,15 @@ class AuthServer:
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if ssl_context is not None:
+            self.httpd.socket = ssl_context.wrap_socket(self.httpd.socket, server_side=True)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
     def address(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"{host}:{port}"
+        return f"{host!s}:{port}"
 
     def start(self) -> AuthServer:
         self.thread.start()

@@ -4,6 +4,7 @@ refresh, server failures, GET and POST, TLS common names; and the state alone.""
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -222,3 +223,19 @@ def test_external_clients_with_auth_secret(authd: Daemon, auth: AuthServer, clie
     sub = consume(clients, kind, authd, "t", "ch", 10, "--auth-secret", "cs")
     assert sub.finish() == 0, sub.err.decode()
     assert len(sub.messages()) == 10
+
+
+def test_403_with_https_port_is_retried_over_https(nsqd_factory: Callable[..., Daemon], auth: AuthServer,
+                                                   certs: Certs) -> None:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs.server_cert, certs.server_key)
+    secure = AuthServer(ctx).start()
+    try:
+        secure.replies["s"] = grant(PUB_T, identity="via-https")
+        auth.replies["s"] = (403, {"message": "TLS_REQUIRED", "https_port": int(secure.address.split(":")[1])})
+        nsqd = nsqd_factory(f"--auth-http-address={auth.address}", f"--tls-root-ca-file={certs.ca_file}")
+        with RawClient(nsqd.tcp) as c:
+            assert do_auth(c, "s")["identity"] == "via-https"
+        assert len(auth.requests) == 1 and len(secure.requests) == 1
+    finally:
+        secure.stop()

@@ -179,7 +179,25 @@ def _client_context(root_ca_file: str) -> ssl.SSLContext:
 
 
 async def _request(endpoint: str, opts: NsqdOptions, params: dict[str, str]) -> bytes:
-    """One HTTP/1.0 request to an auth server; the body of a 200 reply. Raises ``AuthError``."""
+    """The auth server's reply body. A plain-HTTP 403 naming an ``https_port`` (an nsq-style
+    server with TLS required) is retried once over HTTPS on that port, as nsqd's client does.
+    Raises ``AuthError``."""
+    status, body = await _request_once(endpoint, opts, params)
+    if status == b"403" and endpoint.startswith("http://"):
+        try:
+            https_port = int(orjson.loads(body)["https_port"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise AuthError(f"got response 403 {body[:100]!r}") from None
+        url = urlsplit(endpoint)
+        endpoint = url._replace(scheme="https", netloc=f"{url.hostname}:{https_port}").geturl()
+        status, body = await _request_once(endpoint, opts, params)
+    if status != b"200":
+        raise AuthError(f"got response {status.decode(errors='replace')} {body[:100]!r}")
+    return body
+
+
+async def _request_once(endpoint: str, opts: NsqdOptions, params: dict[str, str]) -> tuple[bytes, bytes]:
+    """One HTTP/1.0 request: ``(status code, body)``. Raises ``AuthError``."""
     url = urlsplit(endpoint)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise AuthError(f"bad auth server URL {endpoint!r}")
@@ -215,6 +233,6 @@ async def _request(endpoint: str, opts: NsqdOptions, params: dict[str, str]) -> 
         writer.close()
     status, _, rest = raw.partition(b"\r\n")
     parts = status.split(b" ")
-    if len(parts) < 2 or parts[1] != b"200":
-        raise AuthError(f"got response {status[:60]!r}")
-    return rest.partition(b"\r\n\r\n")[2]
+    if len(parts) < 2 or not status.startswith(b"HTTP/"):
+        raise AuthError(f"not an HTTP response: {status[:60]!r}")
+    return parts[1], rest.partition(b"\r\n\r\n")[2]
