@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import select
 import ssl
 import zlib
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import pytest
 
 from pynsqd.wire.commands import encode_identify, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.compression import DeflateCodec, SnappyCodec
+from pynsqd.wire.frames import FRAME_RESPONSE
 from tests.certs import Certs
 from tests.harness import Daemon
 from tests.rawclient import RawClient
@@ -220,3 +222,18 @@ def test_tls_min_version_refuses_older_clients(nsqd_factory: Callable[..., Daemo
         roundtrip(c, "v13", b"m")
         [stats] = client_stats(nsqd)
         assert stats["tls_version"] == "TLS1.3"
+
+
+def test_heartbeat_due_during_the_handshake_is_held_until_after_ok(nsqd_factory: Callable[..., Daemon],
+                                                                    certs: Certs) -> None:
+    nsqd = nsqd_factory(*certs.server_args())
+    with RawClient(nsqd.tcp) as c:
+        c.identify(tls_v1=True, heartbeat_interval=1000)
+        # a heartbeat falls due at 1s; in the clear it would break the handshake
+        readable, _, _ = select.select([c.sock], [], [], 1.2)
+        assert not readable
+        c.start_tls(certs.client_context())
+        assert c.read_frame(skip_heartbeats=False) == (FRAME_RESPONSE, b"OK")
+        assert c.read_frame(skip_heartbeats=False) == (FRAME_RESPONSE, b"_heartbeat_")
+        c.send(b"NOP\n")
+        roundtrip(c, "hb", b"m")

@@ -337,6 +337,7 @@ class ClientV2(asyncio.Protocol):
         finally:
             self._suspended = False
             self._task = None
+            self._last_read = time.monotonic_ns()  # a handshake or query is not client silence
         if self._closing or self.transport is None:
             return
         self._flush()
