@@ -49,9 +49,9 @@ def build_server_context(opts: NsqdOptions) -> ssl.SSLContext | None:
         return None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
+    # The system's OpenSSL policy still applies on top (OpenSSL 3 refuses TLS < 1.2 at its
+    # default security level even when --tls-min-version allows it); we do not weaken it.
     ctx.minimum_version = _MIN_VERSIONS[opts.tls_min_version]
-    if opts.tls_min_version in ("", "tls1.0", "tls1.1"):
-        ctx.set_ciphers("DEFAULT:@SECLEVEL=0")  # let old clients in, as nsqd's default allows
     if opts.tls_client_auth_policy:
         ctx.verify_mode = ssl.CERT_REQUIRED
         if opts.tls_root_ca_file:
