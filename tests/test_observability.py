@@ -4,6 +4,7 @@ statsd, and the HTTPS API (--https-address, --tls-required for HTTP)."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -233,3 +234,21 @@ def test_https_client_certificate_policy(nsqd_factory: Callable[..., Daemon], ce
 def test_https_is_not_started_without_a_certificate(nsqd_factory: Callable[..., Daemon]) -> None:
     nsqd = nsqd_factory("--https-address=127.0.0.1:0")
     assert "HTTPS" not in nsqd.addresses
+
+
+def test_statsd_spreads_a_push_over_the_interval_less_one_second(nsqd_factory: Callable[..., Daemon],
+                                                                  udp: socket.socket) -> None:
+    port = udp.getsockname()[1]
+    nsqd_factory(f"--statsd-address=127.0.0.1:{port}", "--statsd-interval=1600ms",
+                 "--statsd-udp-packet-size=120")  # mem stats alone make several datagrams
+    udp.settimeout(scaled(10))
+    first = udp.recv(65536)
+    assert first.startswith(b"nsq.")
+    started = time.monotonic()
+    last = started
+    while True:  # the rest of this push: datagrams until mem.gc_runs, the last line
+        data = udp.recv(65536)
+        last = time.monotonic()
+        if b"mem.gc_runs" in data:
+            break
+    assert last - started >= 0.3  # 0.6s spread over ~9 datagrams; nothing sent early

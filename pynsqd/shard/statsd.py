@@ -13,8 +13,8 @@ current level (depths, in-flight, deferred, clients, e2e latency quantiles as
 Names start with ``--statsd-prefix`` where ``%s`` is nsqd's host key — the broadcast
 address and HTTP port with ``.`` and ``:`` turned into ``_`` — and a ``.`` is added when
 missing. Lines are packed whole into datagrams of at most ``--statsd-udp-packet-size``
-bytes (nsqd's boundary-buffered writer; one longer line goes alone). nsqd spreads the
-datagrams over the interval; here they are sent together, each tick.
+bytes (nsqd's boundary-buffered writer; one longer line goes alone), spread evenly over
+``interval - 1s`` (nsqd's spread writer; all at once for intervals of a second or less).
 """
 
 from __future__ import annotations
@@ -122,25 +122,34 @@ class StatsdPusher:
         self.get_stats = get_stats
 
     async def run(self) -> None:
+        """Push on a fixed schedule (a tick that overruns skips the ticks it missed, as Go's
+        ticker does); each push spreads its datagrams over ``interval - 1s`` like nsqd."""
         loop = asyncio.get_running_loop()
+        next_tick = loop.time() + self.interval
         while True:
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(max(next_tick - loop.time(), 0))
             try:
                 infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_DGRAM)
-                self.push_once(infos[0][0], infos[0][4])
+                await self.push_once(infos[0][0], infos[0][4])
             except OSError as exc:
-                log.error("failed to create UDP socket to statsd(%s:%d) - %s", self.host, self.port, exc)
+                log.error("failed to send stats to statsd(%s:%d) - %s", self.host, self.port, exc)
             except Exception:  # a bad tick must not end the pushes
                 log.exception("STATSD: push failed")
+            now = loop.time()
+            while next_tick <= now:
+                next_tick += self.interval
 
-    def push_once(self, family: int, sockaddr: Any) -> None:
+    async def push_once(self, family: int, sockaddr: Any) -> None:
         """Send one tick's datagrams to a resolved address. Raises ``OSError``."""
         log.info("STATSD: pushing stats to %s:%d", self.host, self.port)
         data = packets(self.lines.lines(self.get_stats()), self.packet_size)
+        gap = max(self.interval - 1.0, 0.0) / max(len(data), 1)
         with socket.socket(family, socket.SOCK_DGRAM) as sock:
             sock.setblocking(False)
             sock.connect(sockaddr)
-            for packet in data:
+            for i, packet in enumerate(data):
+                if i and gap:
+                    await asyncio.sleep(gap)
                 try:
                     sock.send(packet)
                 except BlockingIOError:  # a full socket buffer: drop, as UDP would
