@@ -33,13 +33,13 @@ import time
 from typing import Any, cast
 
 from pynsqd.options import MS
-from pynsqd.shard.broker import Broker, BrokerError
+from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.channel import Channel, ChannelError
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.identify import Settings, negotiate
 from pynsqd.shard.inflight import InFlightTable
 from pynsqd.wire import MAGIC_V2
-from pynsqd.wire.commands import CommandParser, ms_to_duration_ns, parse_base10
+from pynsqd.wire.commands import CommandParser, encode_command, ms_to_duration_ns, parse_base10
 from pynsqd.wire.errors import ProtocolError, go_quote
 from pynsqd.wire.frames import (
     CLOSE_WAIT_FRAME,
@@ -62,6 +62,15 @@ _MSG_HEADER = struct.Struct(">ii")
 _ATTEMPTS = struct.Struct(">H")
 _pack_header = _MSG_HEADER.pack
 _pack_attempts_into = _ATTEMPTS.pack_into
+STALL_RETRY = 0.001  # seconds between tries to put into a full cross-shard ring
+
+
+class Relayed(Exception):
+    """A SUB for a topic another shard owns: the connection moves there (``shard/relay.py``)."""
+
+    def __init__(self, owner: int) -> None:
+        super().__init__(owner)
+        self.owner = owner
 
 
 class ClientV2(asyncio.Protocol):
@@ -69,8 +78,12 @@ class ClientV2(asyncio.Protocol):
 
     _next_id = 0
 
-    def __init__(self, broker: Broker, opts: NsqdOptions) -> None:
+    def __init__(self, broker: Broker, opts: NsqdOptions,
+                 handoff: tuple[dict[str, Any], bytes] | None = None) -> None:
         self.broker = broker
+        self._handoff = handoff  # (state, unread bytes) of a connection adopted from elsewhere
+        self._stalled: list[Any] = []  # commands waiting for room in another shard's ring
+        self._stall_timer: asyncio.TimerHandle | None = None
         self.opts = opts
         ClientV2._next_id += 1
         self.id = ClientV2._next_id
@@ -115,8 +128,24 @@ class ClientV2(asyncio.Protocol):
         self.remote_address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "unix")
         self.settings = Settings.defaults(self.opts, host)
         self.broker.clients.add(self)
+        handoff, self._handoff = self._handoff, None
+        if handoff is not None:
+            self._adopt(*handoff)
         self._arm_heartbeat()
         log.debug("TCP: new client(%s)", self.remote_address)
+        if handoff is not None and handoff[1]:
+            self.data_received(handoff[1])
+
+    def _adopt(self, state: dict[str, Any], unread: bytes) -> None:
+        """Take over what the supervisor (or another shard) already did on this connection."""
+        if state.get("remote"):
+            self.remote_address = state["remote"]
+        if state.get("settings"):
+            self.settings = Settings(**state["settings"])
+        if state.get("magic"):
+            self._magic = MAGIC_V2
+        for topic, count in (state.get("pub_counts") or {}).items():
+            self.pub_counts[topic] = count
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
@@ -134,7 +163,13 @@ class ClientV2(asyncio.Protocol):
                 return
             if not data:
                 return
-        for event in self._parser.feed(data):
+        if self._stalled:
+            self._stalled.extend(self._parser.feed(data))
+            return
+        self._run(self._parser.feed(data))
+
+    def _run(self, events: list[Any]) -> None:
+        for i, event in enumerate(events):
             if isinstance(event, ProtocolError):
                 self._fatal(event)
                 return
@@ -144,6 +179,13 @@ class ClientV2(asyncio.Protocol):
                 if handler is None:
                     raise ProtocolError("E_INVALID", f"invalid command {name.decode('utf-8', 'surrogateescape')}")
                 handler(params, body)
+            except Backpressure:
+                self._stall(events[i:])
+                return
+            except Relayed as relayed:
+                assert self.broker.router is not None
+                self.broker.router.relay(self, relayed.owner, self.pending_input(events[i:]))
+                return
             except ProtocolError as exc:
                 if exc.fatal:
                     self._fatal(exc)
@@ -153,9 +195,37 @@ class ClientV2(asyncio.Protocol):
             if self._closing:
                 return
 
+    def _stall(self, events: list[Any]) -> None:
+        """Another shard's inbound ring is full: stop reading, retry the commands soon."""
+        self._stalled = events
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._stall_timer = asyncio.get_running_loop().call_later(STALL_RETRY, self._unstall)
+
+    def _unstall(self) -> None:
+        self._stall_timer = None
+        events, self._stalled = self._stalled, []
+        if self._closing:
+            return
+        self._run(events)
+        if not self._stalled and not self._closing and self.transport is not None:
+            self.transport.resume_reading()
+
+    def detach(self) -> None:
+        """Stop serving this connection without closing it (it is relayed elsewhere now)."""
+        self._closing = True
+        for timer in (self._flush_timer, self._heartbeat_timer, self._stall_timer):
+            if timer is not None:
+                timer.cancel()
+        self.broker.clients.discard(self)
+
+    def pending_input(self, events: list[Any]) -> bytes:
+        """The raw bytes of ``events`` and of what the parser holds, for a relay."""
+        return b"".join(encode_command(*e) for e in events) + self._parser.unparsed()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        for timer in (self._flush_timer, self._heartbeat_timer):
+        for timer in (self._flush_timer, self._heartbeat_timer, self._stall_timer):
             if timer is not None:
                 timer.cancel()
         self.broker.clients.discard(self)
@@ -306,6 +376,11 @@ class ClientV2(asyncio.Protocol):
         channel_name = params[2].decode("utf-8", "surrogateescape")
         if not is_valid_name(channel_name):
             raise ProtocolError("E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid")
+        router = self.broker.router
+        if router is not None:
+            owner = router.owner(topic_name)
+            if owner != self.broker.shard:
+                raise Relayed(owner)
         if self.broker.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed exiting")
         topic = self.broker.get_topic(topic_name)

@@ -45,6 +45,7 @@ def client_stats(client: Any) -> dict[str, Any]:
         "tls_version": "",
         "tls_negotiated_protocol": "",
         "tls_negotiated_protocol_is_mutual": False,
+        "shard": client.broker.shard,  # pynsqd: the shard process serving this connection
     }
 
 
