@@ -76,11 +76,13 @@ def consumers(addr: tuple[str, int], topics: list[str], runfor: float, total: in
         sock.sendall(encode_rdy(2500))
     count = 0
     end = time.monotonic() + runfor
-    last = time.monotonic() + 2.0  # stop 0.5 s after the backlog ran dry
-    while time.monotonic() < end and count < total and time.monotonic() - last < 0.5:
+    first = 0.0
+    last = time.time() + 2.0  # stop 2 s after the backlog ran dry (the rate excludes that)
+    while time.monotonic() < end and count < total and time.time() - last < 2.0:
         events = sel.select(0.1)
         if events:
-            last = max(last, time.monotonic())
+            last = max(last, time.time())
+            first = first or time.time()
         for key, _ in events:
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
@@ -96,7 +98,7 @@ def consumers(addr: tuple[str, int], topics: list[str], runfor: float, total: in
                 sock.setblocking(True)
                 sock.sendall(b"".join(fins))
                 sock.setblocking(False)
-    out.put(count)
+    out.put((count, first, last))
     for sock in bufs:
         sock.close()
 
@@ -107,10 +109,13 @@ def _phase(name: str, procs: list[mp.Process], q: mp.Queue, meter: Meter,  # typ
     t0 = time.monotonic()
     for p in procs:
         p.start()
-    count = sum(q.get() for _ in procs)
+    results = [q.get() for _ in procs]
     for p in procs:
         p.join()
     elapsed = time.monotonic() - t0 - 0.5
+    if isinstance(results[0], tuple):  # consumers: from the first message to the last one
+        elapsed = max(r[2] for r in results) - min(r[1] for r in results if r[1])
+    count = sum(r[0] if isinstance(r, tuple) else r for r in results)
     cpu = meter.cpu() - cpu0
     return {"msgs": count, "msgs_s": count / elapsed, "mb_s": count * size / elapsed / 2**20,
             "cpu_us_per_msg": cpu / max(count, 1) * 1e6}

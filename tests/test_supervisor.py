@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pynsqd.wire.commands import encode_identify, encode_pub, encode_rdy, encode_sub
+from pynsqd.wire.commands import encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE
 from tests.conftest import run_async
 from tests.harness import Daemon, scaled, wait_for
@@ -299,3 +300,47 @@ def test_a_shard_that_cannot_boot_stops_the_node_with_one_line(node: NodeFactory
         nsqd.start()
     assert "nsqd: shard 0 failed to boot" in nsqd.output
     assert nsqd.output.count("failed to boot -") == 1
+
+
+def test_a_full_inbound_ring_holds_the_publisher_back_and_loses_nothing(node: NodeFactory, tmp_path: Path) -> None:
+    nsqd = node("--shards=2", "--mem-queue-size=100000")
+    with RawClient(nsqd.tcp) as p:
+        p.send(encode_pub("bp_home", b"x"))  # the connection now lives on bp_home's owner
+        assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+        home = owners(tmp_path)["bp_home"]
+        away = next(f"bp_away{i}" for i in range(50) if _owner_after_create(nsqd, tmp_path, f"bp_away{i}") != home)
+        pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1 - home]["pid"]
+        os.kill(pid, signal.SIGSTOP)  # the owner stops draining its inbound ring (16 MiB)
+        try:
+            batches = [[b"%04d-%04d-" % (b, i) + b"z" * 10_000 for i in range(100)] for b in range(24)]
+            out = p.sock.dup()  # its own timeout: the reader below uses short ones
+            out.settimeout(scaled(60))
+            sender = threading.Thread(target=lambda: [out.sendall(encode_mpub(away, batch)) for batch in batches])
+            sender.start()
+            acked = 0
+            with pytest.raises(TimeoutError):
+                while True:
+                    assert p.read_frame(timeout=1.5) == (FRAME_RESPONSE, b"OK")
+                    acked += 1
+            assert 10 <= acked < len(batches)  # ~16 MiB went in, then the publisher was held back
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for _ in range(len(batches) - acked):
+            assert p.read_frame(timeout=10) == (FRAME_RESPONSE, b"OK")
+        sender.join()
+        out.close()
+    wait_for(lambda: _topic_count(nsqd, away) == 2400, 20, what="every held-back message at its owner")
+    with RawClient(nsqd.tcp) as c:
+        c.send(encode_sub(away, "ch") + encode_rdy(2500))
+        assert c.read_frame() == (FRAME_RESPONSE, b"OK")
+        bodies = set()
+        while len(bodies) < 2400:
+            kind, data = c.read_frame()
+            assert kind == FRAME_MESSAGE
+            bodies.add(Message(data).body[:10])
+    assert bodies == {b"%04d-%04d-" % (b, i) for b in range(24) for i in range(100)}
+
+
+def _topic_count(nsqd: Daemon, topic: str) -> int:
+    stats = get_json(nsqd, f"/stats?format=json&topic={topic}")
+    return int(stats["topics"][0]["message_count"]) if stats["topics"] else 0

@@ -30,6 +30,7 @@ from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
 from pynsqd.shard.stats import format_text
 from pynsqd.supervisor.control import ControlChannel
+from pynsqd.wire.names import is_valid_name
 
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
@@ -129,7 +130,7 @@ class NodeHTTP:
         except HTTPError:
             return None  # the local app answers the error
         topic = (params.get("topic") or [""])[0]
-        return self.shard.owner(topic) if topic else None
+        return self.shard.owner(topic) if is_valid_name(topic) else None  # else: a local 400
 
     async def _proxy(self, owner: int, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         body = await _read_all(receive)
