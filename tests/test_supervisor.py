@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pynsqd.shm.segment import list_segments
 from pynsqd.wire.commands import encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE
 from tests.conftest import run_async
@@ -344,3 +345,23 @@ def test_a_full_inbound_ring_holds_the_publisher_back_and_loses_nothing(node: No
 def _topic_count(nsqd: Daemon, topic: str) -> int:
     stats = get_json(nsqd, f"/stats?format=json&topic={topic}")
     return int(stats["topics"][0]["message_count"]) if stats["topics"] else 0
+
+
+def test_an_inbound_ring_survives_kill_9_of_the_whole_tree_and_a_clean_exit_removes_it(
+        node: NodeFactory, tmp_path: Path) -> None:
+    nsqd = node("--shards=2")
+    with RawClient(nsqd.tcp) as p:
+        p.send(encode_pub("ring_home", b"x"))
+        assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+        home = owners(tmp_path)["ring_home"]
+        away = next(f"ring_away{i}" for i in range(50) if _owner_after_create(nsqd, tmp_path, f"ring_away{i}") != home)
+        pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1 - home]["pid"]
+        os.kill(pid, signal.SIGSTOP)  # the owner never drains: the OKed batch is only in shm
+        p.send(encode_mpub(away, [b"kept-%d" % i for i in range(50)]))
+        assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+    nsqd.kill()  # SIGKILL to the whole process group
+    assert list_segments(str(tmp_path / "data"))  # the rings outlived every process
+    again = node("--shards=2")
+    wait_for(lambda: _topic_count(again, away) == 50, 20, what="the ring drained by the restarted owner")
+    assert again.stop() == 0
+    assert list_segments(str(tmp_path / "data")) == []  # empty rings are removed on a clean exit

@@ -76,6 +76,21 @@ def create_rings(data_dir: str, shards: int) -> list[Segment]:
     return segments
 
 
+def release_rings(segments: list[Segment]) -> None:
+    """Supervisor, at exit: unmap the rings; remove the empty ones (a ring still holding
+    records — a shard killed before it drained — stays for the next start to drain)."""
+    for seg in segments:
+        try:
+            ring = ByteRing(seg.buf, init=False)
+            empty = len(ring) == 0
+            ring.close()
+        except RingError:
+            empty = True
+        seg.close()
+        if empty:
+            seg.unlink()
+
+
 def encode_batch(topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> bytes:
     name = topic.encode()
     parts = [b"P", _HEAD.pack(len(name)), name, _TAIL.pack(delay_ns, body_bytes, len(records))]

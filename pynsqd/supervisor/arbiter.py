@@ -50,7 +50,7 @@ from pynsqd.netaddr import bind, bound_port, describe
 from pynsqd.options import UsageError
 from pynsqd.shard import metadata
 from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.crossshard import create_rings
+from pynsqd.shard.crossshard import create_rings, release_rings
 from pynsqd.shard.node import lock_data_path
 from pynsqd.shard.worker import BOOT_ERROR, ENV
 from pynsqd.supervisor.aggregate import merge_stats
@@ -392,8 +392,7 @@ class Supervisor:
             log.error("%d shard(s) did not exit in time and were killed", killed)
         self.save_metadata()
         await self.registration.close()
-        for seg in self.rings:
-            seg.close()
+        release_rings(self.rings)
         self.placement.close()
         os.close(self._lock_fd)
         log.info("exited cleanly in %.3fs", time.monotonic() - started)
