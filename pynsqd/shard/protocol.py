@@ -211,6 +211,13 @@ class ClientV2(asyncio.Protocol):
         if not self._stalled and not self._closing and self.transport is not None:
             self.transport.resume_reading()
 
+    def stop_delivery(self) -> None:
+        """Shutdown: no more messages (as after CLS); FIN, REQ and TOUCH still work."""
+        if self.state == STATE_SUBSCRIBED:
+            self.rdy = 0
+            self.state = STATE_CLOSING
+            self._flush()
+
     def detach(self) -> None:
         """Stop serving this connection without closing it (it is relayed elsewhere now)."""
         self._closing = True

@@ -19,8 +19,11 @@ Serving: connections arrive as ``adopt`` messages (fd + state + unread bytes) an
 ``ClientV2`` protocols via ``connect_accepted_socket``. Every second the loop writes a
 timestamp into the heartbeat slot; a loop that stops beating is killed by the supervisor.
 
-Exit (``quiesce`` then ``exit`` from the supervisor, or SIGTERM when run alone): stop HTTP,
-close clients, drain the inbound rings, persist every queue, send the final topic snapshot.
+Exit (``quiesce`` then ``exit`` from the supervisor, or SIGTERM when run alone): stop
+delivering (every consumer is put in CLS's closing state), wait a bounded time for the
+messages in flight to be FINed or REQed, stop HTTP, close clients; then drain the inbound
+rings, persist every queue (what is still in flight goes back to it), send the final topic
+snapshot.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ HEARTBEAT_EVERY = 0.5  # seconds between heartbeat writes
 HEARTBEAT_SLOT = struct.Struct("d")
 ENV = "PYNSQD_WORKER"
 PR_SET_PDEATHSIG = 1
+DRAIN_POLL = 0.01  # seconds between checks for in-flight messages at shutdown
 
 
 def die_with_parent(parent: int) -> None:
@@ -230,16 +234,27 @@ class ShardWorker:
             await self.exit()
 
     async def _quiesce(self, chan: ControlChannel, msg: dict[str, Any]) -> None:
-        """Shutdown phase 1: stop serving HTTP and clients (no more publishing anywhere)."""
-        await self._stop_serving()
+        """Shutdown phase 1: stop delivering, let consumers FIN/REQ what they hold (up to
+        ``wait`` seconds), stop HTTP, close every client: nothing publishes any more."""
+        await self._stop_serving(float(msg.get("wait", 0)))
         chan.reply(msg, {"ok": True})
 
-    async def _stop_serving(self) -> None:
+    async def _stop_serving(self, wait: float = 0.0) -> None:
+        clients = list(self.broker.clients)
+        for client in clients:
+            client.stop_delivery()
+        for _ in range(int(wait / DRAIN_POLL)):  # polled: FINs arrive on many connections
+            if not any(len(c.in_flight) for c in self.broker.clients):
+                break
+            await asyncio.sleep(DRAIN_POLL)
         if self._http_server is not None:
             self._http_server.should_exit = True
             if self._http_task is not None:
                 await self._http_task
             self._http_server = None
+        held = sum(len(c.in_flight) for c in self.broker.clients)
+        if held:
+            log.info("requeueing %d message(s) still in flight", held)
         for client in list(self.broker.clients):
             client.close()
 

@@ -24,7 +24,8 @@ with each death that came soon after a start (0.1 s … 10 s), and SIGKILL is lo
 possible OOM kill.
 
 Shutdown, under one deadline (``SHUTDOWN_DEADLINE``): stop accepting; ``quiesce`` every shard
-(it stops HTTP and closes its clients, so nothing publishes any more, anywhere); ``exit``
+(it stops delivering, waits up to ``FIN_WAIT`` for in-flight messages to be FINed or REQed,
+stops HTTP and closes its clients, so nothing publishes any more, anywhere); ``exit``
 every shard (it drains its inbound rings, requeues in-flight and deferred messages and
 flushes every queue to disk); wait, then SIGKILL stragglers and log how many; save
 ``nsqd.dat``, close the lookupd registration, release the data-path lock.
@@ -69,6 +70,7 @@ KILL_AFTER = 2.0
 SHUTDOWN_DEADLINE = float(os.environ.get("PYNSQD_SHUTDOWN_DEADLINE", "20"))
 READY_TIMEOUT = 30.0
 TICK = 0.2  # seconds between reaping/heartbeat checks
+FIN_WAIT = 5.0  # seconds a shutting-down shard waits for consumers to FIN what they hold
 CALL_TIMEOUT = 30.0
 
 
@@ -381,7 +383,8 @@ class Supervisor:
         for task in list(self._tasks):
             task.cancel()
         live = [s for s in self.slots if s.pid and s.channel is not None and not s.channel.closed]
-        quiesce = [s.channel.call({"op": "quiesce"}, wait=max(0.1, deadline - time.monotonic()))
+        fin_wait = min(FIN_WAIT, SHUTDOWN_DEADLINE / 4)
+        quiesce = [s.channel.call({"op": "quiesce", "wait": fin_wait}, wait=max(0.1, deadline - time.monotonic()))
                    for s in live if s.channel is not None]
         await asyncio.gather(*quiesce, return_exceptions=True)
         for slot in live:
