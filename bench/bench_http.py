@@ -1,9 +1,10 @@
 """HTTP publish benchmark: ``/pub`` over keep-alive connections, and ``/mpub`` batches.
 
-Starts its own node (one shard) and drives it from separate load processes, each holding
-some of the keep-alive connections and sending pre-encoded requests (one outstanding per
-connection, as a client waiting for ``OK`` would). Prints requests/s, msgs/s, MB/s, latency
-p50/p99 and the server's CPU seconds per million messages.
+Starts its own node (``--shards``, default the node's: one per CPU) and drives it from
+separate load processes, each holding some of the keep-alive connections and sending
+pre-encoded requests (one outstanding per connection, as a client waiting for ``OK``
+would). Prints requests/s, msgs/s, MB/s, latency p50/p99 and the server's CPU seconds
+(supervisor and shards) per million messages.
 
   .venv/bin/python bench/bench_http.py --runfor 10 --connections 50 --repeat 3
 """
@@ -18,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import uvloop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_tcp import Meter  # noqa: E402
 from bench.common import Figures, report, start_node  # noqa: E402
 
 
@@ -91,7 +92,7 @@ def worker(port: int, request: bytes, conns: int, runfor: float, start: float, o
     out.put(uvloop.run(load(port, request, conns, runfor, start)))
 
 
-def phase(port: int, request: bytes, per_request: int, args: argparse.Namespace, server: psutil.Process,
+def phase(port: int, request: bytes, per_request: int, args: argparse.Namespace, server: Meter,
           size: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -99,13 +100,13 @@ def phase(port: int, request: bytes, per_request: int, args: argparse.Namespace,
     start = time.time() + 1.0
     workers = [ctx.Process(target=worker, args=(port, request, args.connections // procs, args.runfor, start, q))
                for _ in range(procs)]
-    cpu0 = sum(server.cpu_times()[:2])
+    cpu0 = server.cpu()
     for w in workers:
         w.start()
     results = [q.get() for _ in workers]
     for w in workers:
         w.join()
-    cpu = sum(server.cpu_times()[:2]) - cpu0
+    cpu = server.cpu() - cpu0
     requests = sum(r[0] for r in results)
     lat = sorted(x for r in results for x in r[1])
     msgs = requests * per_request
@@ -120,13 +121,14 @@ def one_run(args: argparse.Namespace) -> Figures:
     mbody = b"\n".join([body] * args.batch)
     mpub = (b"POST /mpub?topic=bench HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(mbody)) + mbody
     with tempfile.TemporaryDirectory() as data:
-        proc, _, port = start_node(data, "--mem-queue-size=10000000", "--log-level=info")
-        server = psutil.Process(proc.pid)
+        flags = [f"--shards={args.shards}"] if args.shards else []
+        proc, _, port = start_node(data, "--mem-queue-size=10000000", "--log-level=info", *flags)
+        server = Meter(proc.pid)  # the supervisor and every shard
         try:
             out = {"pub": phase(port, pub, 1, args, server, args.size)}
             small = argparse.Namespace(**{**vars(args), "connections": max(args.procs, 4)})
             out["mpub"] = phase(port, mpub, args.batch, small, server, args.size)
-            out["rss"] = {"mb": server.memory_info().rss / 2**20}
+            out["rss"] = {"mb": server.rss() / 2**20}
         finally:
             proc.terminate()
             proc.wait(30)
@@ -141,6 +143,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--batch", type=int, default=200, help="messages per /mpub")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--shards", type=int, default=0, help="shard processes (default: the node's)")
     args = parser.parse_args()
     report(one_run, args, f"/pub with {args.connections} keep-alive connections, "
                           f"/mpub of {args.batch} x {args.size} B")

@@ -32,7 +32,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figures, report, start_node  # noqa: E402
+from bench.common import Figures, add_load_args, report, start_node  # noqa: E402
 from pynsqd.wire.commands import encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub  # noqa: E402
 
 _HDR = struct.Struct(">ii")
@@ -90,7 +90,6 @@ def consumer(addr: tuple[str, int], topic: str, channel: str, rdy: int, runfor: 
     while time.time() < start:
         time.sleep(0.001)
     sock.sendall(encode_rdy(rdy))
-    unpack = _HDR.unpack_from
     buf = bytearray()
     count = 0
     latencies: list[int] = []
@@ -104,27 +103,36 @@ def consumer(addr: tuple[str, int], topic: str, channel: str, rdy: int, runfor: 
         if not data:
             break
         buf += data
-        pos = 0
-        fins = []
         now = time.time_ns()
-        n = len(buf)
-        while n - pos >= 8:
-            size, frame_type = unpack(buf, pos)
-            if n - pos - 4 < size:
-                break
-            if frame_type == 2:
-                fins.append(b"FIN " + bytes(buf[pos + 18:pos + 34]) + b"\n")
-                if count % 64 == 0:
-                    latencies.append(now - int.from_bytes(buf[pos + 8:pos + 16], "big"))
-            elif buf[pos + 8:pos + 4 + size] == b"_heartbeat_":
-                fins.append(b"NOP\n")
-            pos += 4 + size
-        del buf[:pos]
+        fins, stamps = answer_frames(buf)
+        latencies.extend(now - ts for ts in stamps[::64])
         if fins:
             count += len(fins)
             sock.sendall(b"".join(fins))
     out.put((count, latencies))
     sock.close()
+
+
+def answer_frames(buf: bytearray) -> tuple[list[bytes], list[int]]:
+    """Consume the complete frames in ``buf``: a FIN per message, a NOP per heartbeat;
+    also returns the messages' timestamps."""
+    unpack = _HDR.unpack_from
+    pos = 0
+    out: list[bytes] = []
+    stamps: list[int] = []
+    n = len(buf)
+    while n - pos >= 8:
+        size, frame_type = unpack(buf, pos)
+        if n - pos - 4 < size:
+            break
+        if frame_type == 2:
+            out.append(b"FIN " + bytes(buf[pos + 18:pos + 34]) + b"\n")
+            stamps.append(int.from_bytes(buf[pos + 8:pos + 16], "big"))
+        elif buf[pos + 8:pos + 4 + size] == b"_heartbeat_":
+            out.append(b"NOP\n")
+        pos += 4 + size
+    del buf[:pos]
+    return out, stamps
 
 
 def rate_publisher(addr: tuple[str, int], topic: str, size: int, rate: int, runfor: float, start: float,
@@ -149,18 +157,32 @@ def rate_publisher(addr: tuple[str, int], topic: str, size: int, rate: int, runf
 
 
 class Meter:
-    """Server CPU and RSS around one phase."""
+    """Server CPU and RSS around one phase: the supervisor and all its shard processes."""
 
     def __init__(self, pid: int) -> None:
         self.proc = psutil.Process(pid)
         self.peak_rss = 0
 
+    def _tree(self) -> list[psutil.Process]:
+        return [self.proc, *self.proc.children(recursive=True)]
+
     def cpu(self) -> float:
-        t = self.proc.cpu_times()
-        return float(t.user + t.system)
+        total = 0.0
+        for p in self._tree():
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system
+        return total
 
     def rss(self) -> int:
-        rss = int(self.proc.memory_info().rss)
+        rss = 0
+        for p in self._tree():
+            try:
+                rss += int(p.memory_info().rss)
+            except psutil.NoSuchProcess:
+                continue
         self.peak_rss = max(self.peak_rss, rss)
         return rss
 
@@ -243,12 +265,8 @@ def one_run(args: argparse.Namespace) -> Figures:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runfor", type=float, default=10.0, help="seconds per publish/consume phase")
-    parser.add_argument("--size", type=int, default=200, help="message size in bytes")
-    parser.add_argument("--batch", type=int, default=200, help="messages per MPUB")
-    parser.add_argument("--workers", type=int, default=2, help="load processes per phase")
-    parser.add_argument("--mem-queue-size", type=int, default=1_000_000)
+    add_load_args(parser)
     parser.add_argument("--rate", type=int, default=20_000, help="msgs/s during the latency phase")
-    parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     report(one_run, args, f"{args.size}-byte messages, MPUB batch {args.batch}")
 

@@ -48,6 +48,15 @@ def _drain(stream: IO[bytes]) -> None:
         pass
 
 
+def add_load_args(parser: argparse.ArgumentParser) -> None:
+    """The flags every TCP load benchmark takes."""
+    parser.add_argument("--size", type=int, default=200, help="message size in bytes")
+    parser.add_argument("--batch", type=int, default=200, help="messages per MPUB")
+    parser.add_argument("--workers", type=int, default=2, help="load processes per phase")
+    parser.add_argument("--mem-queue-size", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=1)
+
+
 def report(one_run: Callable[[argparse.Namespace], Figures], args: argparse.Namespace, title: str) -> None:
     """Run ``one_run`` ``args.repeat`` times; print each run, then the median of each figure."""
     runs: list[Figures] = []

@@ -12,7 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,12 @@ def channel_stats(nsqd: Daemon, topic: str, channel: str) -> dict[str, Any]:
 
 
 KINDS = ["pynsq", "nsqjs"]
+
+
+@pytest.fixture(params=["default", "4"], ids=lambda p: f"shards-{p}")
+def nsqd(request: pytest.FixtureRequest, nsqd_factory: Callable[..., Daemon]) -> Daemon:
+    """Every client test runs against the default node (one shard per CPU) and ``--shards 4``."""
+    return nsqd_factory() if request.param == "default" else nsqd_factory(f"--shards={request.param}")
 
 
 @pytest.mark.parametrize("publisher", KINDS)

@@ -27,7 +27,9 @@ CHANNEL_KEYS = ["channel_name", "depth", "backend_depth", "in_flight_count", "de
 CLIENT_KEYS = ["client_id", "hostname", "version", "remote_address", "state", "ready_count",
                "in_flight_count", "message_count", "finish_count", "requeue_count", "connect_ts",
                "sample_rate", "deflate", "snappy", "user_agent", "tls", "tls_cipher_suite", "tls_version",
-               "tls_negotiated_protocol", "tls_negotiated_protocol_is_mutual"]
+               "tls_negotiated_protocol", "tls_negotiated_protocol_is_mutual",
+               "shard"]  # pynsqd's addition, after nsqd's keys: the shard serving the client
+PYNSQD_TOP_KEYS = ["supervisor"]  # pynsqd's addition: the process tree's own figures
 INFO_KEYS = ["version", "broadcast_address", "hostname", "http_port", "tcp_port", "start_time",
              "max_heartbeat_interval", "max_output_buffer_size", "max_output_buffer_timeout",
              "max_deflate_level"]
@@ -81,7 +83,7 @@ def test_stats_json_has_nsqs_shape(nsqd: Daemon, http: httpx.Client) -> None:
         c.expect_ok()
         c.read_message()
         data = stats(http)
-        assert list(data) == TOP_KEYS and list(data["memory"]) == MEMORY_KEYS
+        assert list(data) == TOP_KEYS + PYNSQD_TOP_KEYS and list(data["memory"]) == MEMORY_KEYS
         topic = data["topics"][0]
         assert list(topic) == TOPIC_KEYS
         channel = topic["channels"][0]

@@ -152,6 +152,26 @@ class AuthSession:
         if not self.state.allowed(topic, channel):
             raise ProtocolError("E_UNAUTHORIZED", f'AUTH failed for {cmd} on "{topic}" "{channel}"')
 
+    def export(self) -> dict[str, Any] | None:
+        """What another shard needs to carry this session on (a relayed connection)."""
+        if self.state is None:
+            return None
+        st = self.state
+        return {"secret": self.secret, "identity": st.identity, "identity_url": st.identity_url,
+                "ttl_left": st.expires - time.monotonic(),
+                "authorizations": [{"topic": a.topic.pattern, "channels": [c.pattern for c in a.channels],
+                                    "permissions": sorted(a.permissions)} for a in st.authorizations]}
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """The inverse of ``export``, in the shard the connection was relayed to (the auth
+        server's verdict is not asked again until the same TTL runs out)."""
+        self.secret = str(data["secret"])
+        self.state = AuthState(
+            identity=str(data["identity"]), identity_url=str(data["identity_url"]),
+            expires=time.monotonic() + float(data["ttl_left"]),
+            authorizations=[Authorization(re.compile(a["topic"]), [re.compile(c) for c in a["channels"]],
+                                          frozenset(a["permissions"])) for a in data["authorizations"]])
+
     async def query(self, tls: bool, common_name: str) -> None:
         """Ask the auth servers (random start, round robin, first success wins) and keep
         the outcome for the command that raised ``NeedQuery``."""

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from pynsqd.options import MS
 from pynsqd.shard.channel import Channel
@@ -46,6 +46,20 @@ class BrokerError(Exception):
     """A publish or admin action that failed; the text follows nsqd's."""
 
 
+class Backpressure(Exception):
+    """The owner shard's inbound ring is full: nothing was stored, try again shortly."""
+
+
+class Router(Protocol):
+    """Where topics live when the node has several shards (``shard/router.py``)."""
+
+    def owner(self, topic: str) -> int: ...
+
+    def forward(self, topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> None: ...
+
+    def relay(self, client: Any, owner: int, unread: bytes) -> None: ...
+
+
 BackendFactory = Callable[[str, bool], Backend]
 
 
@@ -57,6 +71,8 @@ class Broker:
         self.opts = opts
         self.topics: dict[str, Topic] = {}
         self.ids = IdFactory(opts.node_id, shard, shards)
+        self.shard = shard
+        self.router: Router | None = None  # set by a worker of a multi-shard node
         self.clients: set[Any] = set()
         self.start_time = int(time.time())
         self.health = "OK"
@@ -167,14 +183,33 @@ class Broker:
             self.on_change(event, topic, channel)
 
     # --- publishing -----------------------------------------------------------------------
+    def _remote(self, topic_name: str) -> Router | None:
+        router = self.router
+        if router is not None and router.owner(topic_name) != self.shard:
+            return router
+        return None
+
+    def ensure_topic(self, name: str) -> None:
+        """Create ``name`` where it lives (here, or at its owner through its inbound ring)."""
+        router = self._remote(name)
+        if router is None:
+            self.get_topic(name)
+        else:
+            router.forward(name, [], 0, 0)
+
     def publish(self, topic_name: str, bodies: list[bytes]) -> None:
-        """PUB/MPUB: store every body or none. Raises ``BrokerError``."""
+        """PUB/MPUB: store every body or none. Raises ``BrokerError``, or ``Backpressure``
+        when the topic's owner is another shard whose inbound ring is full."""
         if self.exiting:
             raise BrokerError("exiting")
-        topic = self.get_topic(topic_name)
         prefix = HEADER.pack(time.time_ns(), 0, b"")[:10]
         ids = self.ids.next_ids(len(bodies))
         records = [prefix + msg_id + body for msg_id, body in zip(ids, bodies)]
+        router = self._remote(topic_name)
+        if router is not None:
+            router.forward(topic_name, records, sum(map(len, bodies)), 0)
+            return
+        topic = self.get_topic(topic_name)
         try:
             topic.put_many(records, sum(map(len, bodies)))
         except OSError as exc:
@@ -189,8 +224,12 @@ class Broker:
         """DPUB: deliver ``body`` after ``delay_ms``. Raises ``BrokerError``."""
         if self.exiting:
             raise BrokerError("exiting")
-        topic = self.get_topic(topic_name)
         record = HEADER.pack(time.time_ns(), 0, self.ids.next_id()) + body
+        router = self._remote(topic_name)
+        if router is not None:
+            router.forward(topic_name, [record], len(body), delay_ms * MS)
+            return
+        topic = self.get_topic(topic_name)
         topic.put_deferred(record, delay_ms * MS, time.monotonic_ns(), len(body))
 
     # --- metadata -------------------------------------------------------------------------

@@ -174,6 +174,8 @@ class NsqdOptions:
     max_deflate_level: int = flag("max-deflate-level", 6, "max deflate compression level a client "
                                   "can negotiate (> values == > nsqd CPU usage)")
     snappy: bool = flag("snappy", True, "enable snappy feature negotiation (client compression)")
+    shards: int = flag("shards", os.cpu_count() or 1, "number of shard processes (pynsqd; "
+                       "default: the number of CPUs)", validate=_positive)
     enable_experiment: list[str] = flag("enable-experiment", [], "enable experimental feature "
                                         "(topology-aware-consumption)", kind="strlist")
 

@@ -15,6 +15,7 @@ nsqd's order; ``X-NSQ-Content-Type: nsq; version=1.0`` on every API answer; unkn
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -30,7 +31,7 @@ from starlette.routing import Route
 
 from pynsqd import NSQ_VERSION, logs
 from pynsqd.options import config_value
-from pynsqd.shard.broker import Broker, BrokerError
+from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.config import LOG_LEVELS, NsqdOptions
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
@@ -45,6 +46,7 @@ NSQ_HEADER = (b"x-nsq-content-type", b"nsq; version=1.0")
 JSON_TYPE = "application/json; charset=utf-8"
 TEXT_TYPE = "text/plain; charset=utf-8"
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
+BACKPRESSURE_RETRY = 0.001
 _BAD_ESCAPE = re.compile(rb"%(?![0-9a-fA-F]{2})")
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
@@ -176,9 +178,9 @@ class NsqdHTTP:
                 raise HTTPError(400, "INVALID_DEFER")
         try:
             if delay:
-                self.broker.publish_deferred(topic, body, delay)
+                await _until_room(self.broker.publish_deferred, topic, body, delay)
             else:
-                self.broker.publish(topic, [body])
+                await _until_room(self.broker.publish, topic, [body])
         except BrokerError as exc:
             log.error("HTTP /pub to %s failed - %s", topic, exc)
             raise HTTPError(503, "EXITING") from None
@@ -188,7 +190,7 @@ class NsqdHTTP:
         if _content_length(scope) > opts.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")
         params, topic = self._topic_from_query(scope)
-        self.broker.get_topic(topic)  # nsqd creates the topic before it reads the body
+        await _until_room(self.broker.ensure_topic, topic)  # nsqd creates it before reading the body
         binary = False
         if "binary" in params:
             value = params["binary"][0]
@@ -208,7 +210,7 @@ class NsqdHTTP:
         if not bodies:
             return
         try:
-            self.broker.publish(topic, bodies)
+            await _until_room(self.broker.publish, topic, bodies)
         except BrokerError as exc:
             log.error("HTTP /mpub to %s failed - %s", topic, exc)
             raise HTTPError(503, "EXITING") from None
@@ -348,7 +350,7 @@ class NsqdHTTP:
             body = await _read_body(request.receive, self.opts.max_msg_size)
             if not body:
                 raise HTTPError(413, "INVALID_VALUE")
-            self._set_option(opt, body)
+            self.apply_option(opt, body)
         try:
             value = config_value(self.opts, opt)
         except KeyError:
@@ -357,7 +359,8 @@ class NsqdHTTP:
             value = LOG_LEVELS.index(value) + 1
         return api_response(value)
 
-    def _set_option(self, opt: str, body: bytes) -> None:
+    def apply_option(self, opt: str, body: bytes) -> None:
+        """``PUT /config/<opt>``: set one option from a request body. Raises ``HTTPError``."""
         if opt == "nsqlookupd_tcp_addresses":
             try:
                 value = orjson.loads(body)
@@ -374,6 +377,16 @@ class NsqdHTTP:
             logs.set_level(level)
         else:
             raise HTTPError(400, "INVALID_OPTION")
+
+
+async def _until_room(action: Callable[..., None], *args: Any) -> None:
+    """Run a publish; while the owner shard's inbound ring is full, wait and retry."""
+    while True:
+        try:
+            action(*args)
+            return
+        except Backpressure:
+            await asyncio.sleep(BACKPRESSURE_RETRY)
 
 
 def _content_length(scope: dict[str, Any]) -> int:

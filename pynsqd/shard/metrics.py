@@ -85,11 +85,32 @@ class StatsCollector:
         if e2e_topic.samples:
             yield e2e_topic
             yield e2e_channel
+        yield from _supervisor_families(stats.get("supervisor"))
 
 
 def _add_latency(family: GaugeMetricFamily, labels: list[str], e2e: dict[str, Any]) -> None:
     for p in e2e.get("percentiles") or []:
         family.add_metric([*labels, repr(float(p["quantile"]))], float(p["value"]) / 1e9)
+
+
+_SUPERVISOR = [  # (key of the "supervisor" stats object, metric name, kind, help)
+    ("shards", "nsq_supervisor_shards", "gauge", "Shard processes of the node"),
+    ("shard_restarts", "nsq_supervisor_shard_restarts", "counter", "Shard processes restarted"),
+    ("handoffs", "nsq_supervisor_handoffs", "counter", "TCP connections handed to a shard"),
+    ("relays", "nsq_supervisor_relays", "counter", "Connections relayed from one shard to another"),
+    ("cross_shard_sent", "nsq_supervisor_cross_shard_messages", "counter",
+     "Messages published on one shard for a topic another shard owns"),
+]
+
+
+def _supervisor_families(sup: dict[str, Any] | None) -> Iterator[Metric]:
+    """The multi-shard node's own figures (the ``supervisor`` key of its ``/stats``)."""
+    if not sup:
+        return
+    for key, name, kind, doc in _SUPERVISOR:
+        family = _family(name, kind, doc, [])
+        family.add_metric([], float(sup.get(key, 0)))
+        yield family
 
 
 def exposition(get_stats: Callable[[], dict[str, Any]]) -> bytes:

@@ -33,6 +33,7 @@ pauses, the query runs, and the same command runs again with the answer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import ssl
@@ -43,14 +44,14 @@ from typing import Any, cast
 
 from pynsqd.options import MS
 from pynsqd.shard.auth import AuthSession, NeedQuery
-from pynsqd.shard.broker import Broker, BrokerError
+from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.channel import Channel, ChannelError
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.identify import Settings, negotiate
 from pynsqd.shard.inflight import InFlightTable
 from pynsqd.shard.transport import NO_TLS, CompressedTransport, peer_common_name, start_tls, tls_info
 from pynsqd.wire import MAGIC_V2
-from pynsqd.wire.commands import Command, CommandParser, ms_to_duration_ns, parse_base10
+from pynsqd.wire.commands import Command, CommandParser, encode_command, ms_to_duration_ns, parse_base10
 from pynsqd.wire.compression import Codec, CompressionError, make_codec
 from pynsqd.wire.errors import ProtocolError, go_quote
 from pynsqd.wire.frames import (
@@ -74,6 +75,15 @@ _MSG_HEADER = struct.Struct(">ii")
 _ATTEMPTS = struct.Struct(">H")
 _pack_header = _MSG_HEADER.pack
 _pack_attempts_into = _ATTEMPTS.pack_into
+STALL_RETRY = 0.001  # seconds between tries to put into a full cross-shard ring
+
+
+class Relayed(Exception):
+    """A SUB for a topic another shard owns: the connection moves there (``shard/relay.py``)."""
+
+    def __init__(self, owner: int) -> None:
+        super().__init__(owner)
+        self.owner = owner
 
 
 class ClientV2(asyncio.Protocol):
@@ -81,8 +91,12 @@ class ClientV2(asyncio.Protocol):
 
     _next_id = 0
 
-    def __init__(self, broker: Broker, opts: NsqdOptions, tls_ctx: ssl.SSLContext | None = None) -> None:
+    def __init__(self, broker: Broker, opts: NsqdOptions, tls_ctx: ssl.SSLContext | None = None,
+                 handoff: tuple[dict[str, Any], bytes] | None = None) -> None:
         self.broker = broker
+        self._handoff = handoff  # (state, unread bytes) of a connection adopted from elsewhere
+        self._stalled = False  # the next command waits for room in another shard's ring
+        self._stall_timer: asyncio.TimerHandle | None = None
         self.opts = opts
         self.tls_ctx = tls_ctx
         self._tls_required = opts.tls_required != "false"
@@ -138,8 +152,45 @@ class ClientV2(asyncio.Protocol):
         self.settings = Settings.defaults(self.opts, host)
         self.auth = AuthSession(self.opts, host)
         self.broker.clients.add(self)
+        handoff, self._handoff = self._handoff, None
+        if handoff is not None:
+            self._adopt(*handoff)
         self._arm_heartbeat()
         log.debug("TCP: new client(%s)", self.remote_address)
+        if handoff is not None and handoff[1]:
+            self.data_received(handoff[1])
+
+    def _adopt(self, state: dict[str, Any], unread: bytes) -> None:
+        """Take over what the supervisor (or another shard) already did on this connection."""
+        if state.get("remote"):
+            self.remote_address = state["remote"]
+        if state.get("settings"):
+            self.settings = Settings(**state["settings"])
+        if state.get("magic"):
+            self._magic = MAGIC_V2
+        for topic, count in (state.get("pub_counts") or {}).items():
+            self.pub_counts[topic] = count
+        # A relayed connection: TLS and compression stay on the relaying shard's side of the
+        # pump (it decodes and encodes); they show in this shard's stats and satisfy
+        # --tls-required here, and the AUTH session carries over.
+        if state.get("tls"):
+            self.tls = True
+            self.tls_info = dict(state["tls"])
+        self.compression = state.get("compression") or ""
+        if state.get("auth") and self.auth is not None:
+            self.auth.restore(state["auth"])
+
+    @property
+    def decoder(self) -> Codec | None:
+        """The inbound decompressor once snappy or deflate is on (a relay keeps using it)."""
+        return self._decoder
+
+    def relay_state(self) -> dict[str, Any]:
+        """What ``_adopt`` takes over on the shard this connection is relayed to."""
+        auth = self.auth.export() if self.auth is not None else None
+        return {"magic": True, "remote": self.remote_address, "settings": dataclasses.asdict(self.settings),
+                "pub_counts": dict(self.pub_counts), "tls": self.tls_info if self.tls else None,
+                "compression": self.compression, "auth": auth}
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
@@ -173,7 +224,7 @@ class ClientV2(asyncio.Protocol):
 
     def _run_events(self) -> None:
         events = self._events
-        while events and not self._suspended and not self._closing:
+        while events and not self._suspended and not self._stalled and not self._closing:
             event = events.popleft()
             if isinstance(event, ProtocolError):
                 self._fatal(event)
@@ -190,6 +241,15 @@ class ClientV2(asyncio.Protocol):
             except NeedQuery:
                 events.appendleft(event)
                 self._suspend(self._query_auth())
+            except Backpressure:
+                events.appendleft(event)
+                self._stall()
+                return
+            except Relayed as relayed:
+                assert self.broker.router is not None
+                events.appendleft(event)
+                self.broker.router.relay(self, relayed.owner, self.pending_input(events))
+                return
             except ProtocolError as exc:
                 if exc.fatal:
                     self._fatal(exc)
@@ -197,10 +257,48 @@ class ClientV2(asyncio.Protocol):
                 log.debug("client(%s) %s", self.remote_address, exc.text)
                 self._send(encode_frame(FRAME_ERROR, exc.encode_text()))
 
+    def _stall(self) -> None:
+        """Another shard's inbound ring is full: stop reading, retry the held commands soon."""
+        self._stalled = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._stall_timer = asyncio.get_running_loop().call_later(STALL_RETRY, self._unstall)
+
+    def _unstall(self) -> None:
+        self._stall_timer = None
+        self._stalled = False
+        if self._closing:
+            return
+        self._run_events()
+        if (not self._stalled and not self._closing and not self._suspended and not self._write_paused_at
+                and self.transport is not None):
+            self.transport.resume_reading()
+
+    def stop_delivery(self) -> None:
+        """Shutdown: no more messages (as after CLS); FIN, REQ and TOUCH still work."""
+        if self.state == STATE_SUBSCRIBED:
+            self.rdy = 0
+            self.state = STATE_CLOSING
+            self._flush()
+
+    def detach(self) -> None:
+        """Stop serving this connection without closing it (it is relayed elsewhere now)."""
+        self._closing = True
+        for timer in (self._flush_timer, self._heartbeat_timer, self._stall_timer):
+            if timer is not None:
+                timer.cancel()
+        self.broker.clients.discard(self)
+
+    def pending_input(self, events: deque[Command | ProtocolError]) -> bytes:
+        """The raw (decoded) bytes of ``events`` and of what the parser holds, for a relay."""
+        out = b"".join(encode_command(*e) for e in events if not isinstance(e, ProtocolError))
+        events.clear()
+        return out + self._parser.unparsed()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._events.clear()
-        for timer in (self._flush_timer, self._heartbeat_timer):
+        for timer in (self._flush_timer, self._heartbeat_timer, self._stall_timer):
             if timer is not None:
                 timer.cancel()
         self.broker.clients.discard(self)
@@ -217,7 +315,7 @@ class ClientV2(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused_at = 0
-        if self.transport is not None and not self._closing and not self._suspended:
+        if self.transport is not None and not self._closing and not self._suspended and not self._stalled:
             self.transport.resume_reading()
         if self.channel is not None:
             self.channel.notify_ready()
@@ -421,6 +519,11 @@ class ClientV2(asyncio.Protocol):
             raise ProtocolError("E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid")
         assert self.auth is not None
         self.auth.check("SUB", topic_name, channel_name)
+        router = self.broker.router
+        if router is not None:
+            owner = router.owner(topic_name)
+            if owner != self.broker.shard:
+                raise Relayed(owner)
         if self.broker.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed exiting")
         topic = self.broker.get_topic(topic_name)

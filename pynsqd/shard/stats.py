@@ -48,6 +48,7 @@ def client_stats(client: Any) -> dict[str, Any]:
         if auth.state.identity_url:
             out["auth_identity_url"] = auth.state.identity_url
     out.update(client.tls_info)
+    out["shard"] = client.broker.shard  # pynsqd: the shard process serving this connection
     return out
 
 

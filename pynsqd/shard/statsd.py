@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pynsqd.netaddr import split_host_port
@@ -114,7 +114,7 @@ class StatsdPusher:
     """Every ``--statsd-interval``: one stats document → datagrams to ``--statsd-address``."""
 
     def __init__(self, address: str, interval: int, packet_size: int, lines: StatsdLines,
-                 get_stats: Callable[[], dict[str, Any]]) -> None:
+                 get_stats: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         self.host, self.port = split_host_port(address, "statsd-address")
         self.interval = interval / SECOND
         self.packet_size = packet_size
@@ -142,7 +142,7 @@ class StatsdPusher:
     async def push_once(self, family: int, sockaddr: Any) -> None:
         """Send one tick's datagrams to a resolved address. Raises ``OSError``."""
         log.info("STATSD: pushing stats to %s:%d", self.host, self.port)
-        data = packets(self.lines.lines(self.get_stats()), self.packet_size)
+        data = packets(self.lines.lines(await self.get_stats()), self.packet_size)
         gap = max(self.interval - 1.0, 0.0) / max(len(data), 1)
         with socket.socket(family, socket.SOCK_DGRAM) as sock:
             sock.setblocking(False)

@@ -1,8 +1,5 @@
-"""``nsqd-supervisor`` / ``nsqd``: parse NSQ's flags and run the node.
-
-This build serves the node from a single shard in this process; the multi-shard process
-tree (one worker per core) replaces ``_serve`` without changing the command line.
-"""
+"""``nsqd-supervisor`` / ``nsqd``: parse NSQ's flags and run the node as a supervisor with
+``--shards`` shard processes (``arbiter.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ import uvloop
 from pynsqd import NSQ_VERSION, __version__, logs
 from pynsqd.options import run_cli
 from pynsqd.shard.config import parse_args
-from pynsqd.shard.node import NsqdNode
+from pynsqd.supervisor.arbiter import Supervisor
 
 
 def _main(argv: list[str]) -> int:
@@ -22,9 +19,8 @@ def _main(argv: list[str]) -> int:
         print(f"nsqd v{NSQ_VERSION} (pynsqd {__version__}, python {sys.version.split()[0]})")
         return 0
     logs.setup(opts.log_prefix, opts.log_level)
-    node = NsqdNode(opts)
-    uvloop.run(node.main())
-    return 0
+    supervisor = Supervisor(opts, opts.shards)
+    return uvloop.run(supervisor.main())
 
 
 def main() -> None:

@@ -85,6 +85,17 @@ class CommandParser:
         """Bytes received but not yet part of a complete command."""
         return len(self._buf)
 
+    def unparsed(self) -> bytes:
+        """The received bytes not yet returned as a command, as they arrived (a command whose
+        line was read but whose body is incomplete is re-encoded), for handing the stream on."""
+        if self._pending is None:
+            return bytes(self._buf)
+        _, params = self._pending
+        head = b" ".join(params) + b"\n"
+        if self._body_size >= 0:
+            head += _SIZE.pack(self._body_size)
+        return head + bytes(self._buf)
+
     def feed(self, data: bytes) -> list[Command | ProtocolError]:
         """Add received bytes; return the commands they complete (and maybe a final error).
 
@@ -308,11 +319,21 @@ def encode_dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
 
 
 def encode_mpub(topic: str, bodies: list[bytes]) -> bytes:
-    parts = [_SIZE.pack(len(bodies))]
-    for body in bodies:
-        parts.append(_SIZE.pack(len(body)))
-        parts.append(body)
-    return _with_body(b"MPUB %s\n" % topic.encode(), b"".join(parts))
+    return encode_command(b"MPUB", [b"MPUB", topic.encode()], bodies)
+
+
+def encode_command(name: bytes, params: list[bytes], body: bytes | list[bytes] | None) -> bytes:
+    """A parsed command back to its bytes (``params[0]`` is the name)."""
+    line = b" ".join(params) + b"\n"
+    if body is None:
+        return line
+    if isinstance(body, list):
+        parts = [_SIZE.pack(len(body))]
+        for item in body:
+            parts.append(_SIZE.pack(len(item)))
+            parts.append(item)
+        return _with_body(line, b"".join(parts))
+    return _with_body(line, body)
 
 
 def encode_rdy(count: int) -> bytes:

@@ -1,0 +1,265 @@
+"""Cross-shard publish: one shared-memory ring per (producer shard → owner shard) pair.
+
+Theory of operation
+-------------------
+A PUB/MPUB/DPUB (TCP or HTTP) for a topic another shard owns is encoded by the receiving
+shard exactly as a local publish would be (timestamp, ids from *its* id space — ids stay
+unique per node because they carry the shard index), and the whole batch is written as ONE
+record into the owner's inbound ``ByteRing`` for this producer (``shm/ring.py``; the rings
+live in POSIX shared memory, ``shm/segment.py``, created by the supervisor). The client gets
+``OK`` once ``put`` returned True: the batch is in shared memory, which outlives both
+processes. A full ring raises ``Backpressure``: nothing stored, the connection stops reading
+and retries (``protocol.py``), an HTTP request waits — never loss.
+
+Each ring has one producer process and one consumer process (SPSC, the ring's contract). The
+owner is woken through its eventfd, written once per loop turn by each producer with pending
+records. The owner drains with ``peek_many`` → apply → ``consume``, so a crash between apply
+and consume replays the batch (at-least-once), and a restarted owner first drains whatever
+its rings hold. Draining is bounded per turn (``DRAIN_BATCH`` records per ring) and
+rescheduled, so a flood from one ring never blocks the owner's loop; it also drains before
+answering a stats request, so ``OK`` → ``/stats`` always shows the message.
+
+Record: ``[1B kind "P"][2B topic length][topic][8B delay ns][4B body bytes][4B count]``
+then ``count`` times ``([4B length][encoded message])``; ``count`` 0 means "create the topic".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import struct
+import time
+
+from pynsqd.shard.broker import Backpressure, Broker, BrokerError
+from pynsqd.shm.ring import ByteRing, RingError
+from pynsqd.shm.segment import Segment, segment_name
+
+log = logging.getLogger("pynsqd.shard")
+
+RING_SIZE = 16 * 1024 * 1024  # per (producer, owner) pair; a record may be half of it
+
+
+def ring_size() -> int:
+    """``RING_SIZE``, or less when the file-size limit (tmpfs counts) would refuse it."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft == resource.RLIM_INFINITY:
+        return RING_SIZE
+    return max(4096, min(RING_SIZE, soft // 4096 * 4096))
+DRAIN_BATCH = 256
+_HEAD = struct.Struct(">H")
+_TAIL = struct.Struct(">QII")
+_LEN = struct.Struct(">I")
+
+
+def ring_name(data_dir: str, src: int, dst: int) -> str:
+    return segment_name(data_dir, "inbound", f"{src}-{dst}")
+
+
+def create_rings(data_dir: str, shards: int) -> list[Segment]:
+    """Supervisor, at start: make (or keep, with what they hold) every inbound ring."""
+    segments = []
+    for dst in range(shards):
+        for src in range(shards):
+            if src == dst:
+                continue
+            seg = Segment.open(ring_name(data_dir, src, dst), ring_size(), create=True)
+            try:
+                if seg.created:
+                    raise RingError("new")
+                ring = ByteRing(seg.buf, init=False)
+            except RingError:
+                ring = ByteRing(seg.buf, init=True)
+            ring.close()
+            segments.append(seg)
+    return segments
+
+
+def release_rings(segments: list[Segment]) -> None:
+    """Supervisor, at exit: unmap the rings; remove the empty ones (a ring still holding
+    records — a shard killed before it drained — stays for the next start to drain)."""
+    for seg in segments:
+        try:
+            ring = ByteRing(seg.buf, init=False)
+            empty = len(ring) == 0
+            ring.close()
+        except RingError:
+            empty = True
+        seg.close()
+        if empty:
+            seg.unlink()
+
+
+def encode_batch(topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> bytes:
+    name = topic.encode()
+    parts = [b"P", _HEAD.pack(len(name)), name, _TAIL.pack(delay_ns, body_bytes, len(records))]
+    for record in records:
+        parts.append(_LEN.pack(len(record)))
+        parts.append(record)
+    return b"".join(parts)
+
+
+def decode_batch(data: bytes) -> tuple[str, list[bytes], int, int]:
+    """→ (topic, records, body bytes, delay ns). Raises ``ValueError`` on a bad record."""
+    if data[:1] != b"P" or len(data) < 3:
+        raise ValueError("not a publish record")
+    (n,) = _HEAD.unpack_from(data, 1)
+    pos = 3 + n
+    topic = data[3:pos].decode("utf-8", "surrogateescape")
+    delay, body_bytes, count = _TAIL.unpack_from(data, pos)
+    pos += _TAIL.size
+    records = []
+    for _ in range(count):
+        (size,) = _LEN.unpack_from(data, pos)
+        pos += 4
+        records.append(data[pos:pos + size])
+        pos += size
+    if pos != len(data):
+        raise ValueError("publish record length mismatch")
+    return topic, records, body_bytes, delay
+
+
+class Outbound:
+    """This shard's rings into every other shard, and their wake-ups."""
+
+    def __init__(self, data_dir: str, me: int, shards: int, wake_fds: list[int]) -> None:
+        self.me = me
+        self.wake_fds = wake_fds
+        self.segments: dict[int, Segment] = {}
+        self.rings: dict[int, ByteRing] = {}
+        for dst in range(shards):
+            if dst != me:
+                seg = Segment.open(ring_name(data_dir, me, dst), ring_size(), create=False)
+                self.segments[dst] = seg
+                self.rings[dst] = ByteRing(seg.buf, init=False)
+        self.sent = 0  # messages put into other shards' rings
+        self._to_wake: set[int] = set()
+        self._wake_handle: asyncio.Handle | None = None
+
+    def put(self, owner: int, topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> None:
+        """Store a batch in ``owner``'s ring. Raises ``Backpressure`` when it does not fit now,
+        ``BrokerError`` when one message could never fit (a ring shrunk by RLIMIT_FSIZE)."""
+        ring = self.rings[owner]
+        data = encode_batch(topic, records, body_bytes, delay_ns)
+        if len(data) > ring.max_record_size:
+            if len(records) <= 1:
+                raise BrokerError(f"message too large for the inbound ring of shard {owner}")
+            half = len(records) // 2  # only for batches larger than a ring could ever hold
+            self.put(owner, topic, records[:half], 0, delay_ns)
+            self.put(owner, topic, records[half:], body_bytes, delay_ns)
+            return
+        if not ring.put(data):
+            self._wake(owner)
+            raise Backpressure(f"inbound ring of shard {owner} is full")
+        self.sent += len(records)
+        self._wake(owner)
+
+    def _wake(self, owner: int) -> None:
+        self._to_wake.add(owner)
+        if self._wake_handle is None:
+            self._wake_handle = asyncio.get_running_loop().call_soon(self._flush_wakes)
+
+    def _flush_wakes(self) -> None:
+        self._wake_handle = None
+        for owner in self._to_wake:
+            try:
+                os.eventfd_write(self.wake_fds[owner], 1)
+            except OSError as exc:  # pragma: no cover - the fd is the supervisor's, always open
+                log.error("cannot wake shard %d - %s", owner, exc)
+        self._to_wake.clear()
+
+    def close(self) -> None:
+        for ring in self.rings.values():
+            ring.close()
+        self.rings.clear()
+        for seg in self.segments.values():
+            seg.close()
+
+
+class Inbound:
+    """The rings other shards publish into for this shard; applies them to the broker."""
+
+    def __init__(self, data_dir: str, me: int, shards: int, wake_fd: int, broker: Broker) -> None:
+        self.broker = broker
+        self.wake_fd = wake_fd
+        self.segments: list[Segment] = []
+        self.rings: list[ByteRing] = []
+        for src in range(shards):
+            if src != me:
+                seg = Segment.open(ring_name(data_dir, src, me), ring_size(), create=False)
+                self.segments.append(seg)
+                self.rings.append(ByteRing(seg.buf, init=False))
+        self.received = 0  # messages taken from the rings
+        self._again: asyncio.Handle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        loop.add_reader(self.wake_fd, self._woken)
+        self.drain()
+
+    def _woken(self) -> None:
+        try:
+            os.eventfd_read(self.wake_fd)
+        except BlockingIOError:
+            pass
+        self.drain()
+
+    def drain(self, limit: int | None = DRAIN_BATCH) -> int:
+        """Apply up to ``limit`` records per ring (all when None); reschedules if more wait."""
+        self._again = None
+        applied = 0
+        more = False
+        for ring in self.rings:
+            while True:
+                batch = ring.peek_many(limit or DRAIN_BATCH)
+                if not batch:
+                    break
+                for data in batch:
+                    self._apply(data)
+                ring.consume(len(batch))
+                applied += len(batch)
+                if limit is not None:
+                    more = more or len(ring) > 0
+                    break
+        if more and self._loop is not None and self._again is None:
+            self._again = self._loop.call_soon(self.drain)
+        return applied
+
+    def _apply(self, data: bytes) -> None:
+        try:
+            topic_name, records, body_bytes, delay = decode_batch(data)
+        except (ValueError, struct.error) as exc:
+            log.error("inbound ring: dropping a corrupt record - %s", exc)
+            return
+        broker = self.broker
+        topic = broker.get_topic(topic_name)
+        if not records:
+            return
+        try:
+            if delay:
+                now = time.monotonic_ns()
+                for record in records:
+                    topic.put_deferred(record, delay, now, body_bytes)
+            else:
+                topic.put_many(records, body_bytes)
+        except Exception as exc:
+            broker.health = f"NOK - {exc}"
+            log.error("TOPIC(%s): failed to store %d cross-shard message(s) - %s",
+                      topic_name, len(records), exc)
+            return
+        self.received += len(records)
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self.wake_fd)
+        if self._again is not None:
+            self._again.cancel()
+
+    def close(self) -> None:
+        for ring in self.rings:
+            ring.close()
+        self.rings.clear()
+        for seg in self.segments:
+            seg.close()

@@ -1,0 +1,177 @@
+"""The HTTP API of a multi-shard node, served by every shard on the shared listening socket.
+
+Theory of operation
+-------------------
+``NodeHTTP`` wraps a shard's own ``NsqdHTTP`` and decides, per request, where it runs:
+
+- ``/pub``, ``/mpub``: here. The broker sends a batch for a topic owned elsewhere into the
+  owner's inbound ring (``crossshard.py``) — no round trip, ``OK`` once it is in shm.
+- ``/topic/*``, ``/channel/*``: at the topic's owner. When that is another shard, the request
+  (method, path, query, body) goes through the supervisor to the owner, which runs it through
+  its own ``NsqdHTTP`` (``run_local``) and sends back status, headers and body verbatim, so
+  every answer and error is exactly the single-node one.
+- ``/stats``, ``/metrics``: the supervisor collects every shard's stats document and merges
+  them into one node (``supervisor/aggregate.py``); the formats (JSON, text, Prometheus)
+  are rendered from that one document by the same code a single shard uses.
+- ``PUT /config/…``: applied here, then by the supervisor on every other shard (node-wide).
+- anything else (``/ping``, ``/info``, ``GET /config``, bad requests): here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import orjson
+from starlette.responses import Response
+
+from pynsqd.shard.http import HTTPError, NsqdHTTP, api_response, error_response, parse_query
+from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
+from pynsqd.shard.metrics import exposition
+from pynsqd.shard.stats import format_text
+from pynsqd.supervisor.control import ControlChannel
+from pynsqd.wire.names import is_valid_name
+
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+PROXY_TIMEOUT = 30.0
+
+
+class Shard(Protocol):
+    index: int
+    control: ControlChannel
+
+    def owner(self, topic: str) -> int: ...
+
+
+async def run_local(app: NsqdHTTP, msg: dict[str, Any], body: bytes) -> tuple[int, list[list[str]], bytes]:
+    """Run a proxied request through ``app``; → (status, headers, body)."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": msg["method"], "path": msg["path"], "raw_path": msg["path"].encode(),
+             "query_string": msg.get("query", "").encode("latin-1"), "root_path": "",
+             # the shard the request reached already applied --tls-required to it
+             "scheme": msg.get("scheme", "http"), "headers": [[b"content-length", b"%d" % len(body)]],
+             "client": None, "server": None}
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    status = 500
+    headers: list[list[str]] = []
+    out: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status, headers
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            headers = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in message.get("headers", [])]
+        elif message["type"] == "http.response.body":
+            out.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return status, headers, b"".join(out)
+
+
+async def _read_all(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _send_raw(send: Send, status: int, headers: list[list[str]], body: bytes) -> None:
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class NodeHTTP:
+    """ASGI app: one node's HTTP API over several shards (see the module doc)."""
+
+    def __init__(self, app: NsqdHTTP, shard: Shard) -> None:
+        self.app = app
+        self.shard = shard
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (self.app.tls_required_port and scope.get("scheme") != "https"):
+            await self.app(scope, receive, send)  # (the latter: 403 TLS_REQUIRED)
+            return
+        path = scope["path"]
+        method = scope["method"]
+        try:
+            if path in ("/stats", "/metrics") and method == "GET":
+                response = await self._stats(scope)
+                await response(scope, receive, send)
+                return
+            if path.startswith(("/topic/", "/channel/")):
+                owner = self._owner_of(scope)
+                if owner is not None and owner != self.shard.index:
+                    await self._proxy(owner, scope, receive, send)
+                    return
+            if path.startswith("/config/") and method == "PUT":
+                await self._config(scope, receive, send)
+                return
+        except HTTPError as exc:
+            await error_response(exc.status, exc.message)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _owner_of(self, scope: dict[str, Any]) -> int | None:
+        try:
+            params = parse_query(scope.get("query_string", b""))
+        except HTTPError:
+            return None  # the local app answers the error
+        topic = (params.get("topic") or [""])[0]
+        return self.shard.owner(topic) if is_valid_name(topic) else None  # else: a local 400
+
+    async def _proxy(self, owner: int, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        body = await _read_all(receive)
+        msg = {"op": "proxy", "shard": owner, "method": scope["method"], "path": scope["path"],
+               "query": scope.get("query_string", b"").decode("latin-1"), "scheme": scope.get("scheme", "http")}
+        try:
+            reply, payload, _ = await self.shard.control.call(msg, body, wait=PROXY_TIMEOUT)
+        except (ConnectionError, TimeoutError):
+            raise HTTPError(503, "SHARD_UNAVAILABLE") from None
+        if "status" not in reply:
+            raise HTTPError(503, "SHARD_UNAVAILABLE")
+        await _send_raw(send, reply["status"], reply["headers"], payload)
+
+    async def _config(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        body = await _read_all(receive)
+        msg = {"method": "PUT", "path": scope["path"], "query": scope.get("query_string", b"").decode("latin-1"),
+               "scheme": scope.get("scheme", "http")}
+        status, headers, out = await run_local(self.app, msg, body)
+        if status == 200:
+            self.shard.control.send({"op": "config", "opt": scope["path"][len("/config/"):]}, body)
+        await _send_raw(send, status, headers, out)
+
+    async def _stats(self, scope: dict[str, Any]) -> Response:
+        params = parse_query(scope.get("query_string", b""))
+        fmt = (params.get("format") or [""])[0]
+        prometheus = scope["path"] == "/metrics" or fmt == "prometheus"
+
+        def flag(name: str) -> bool:
+            return (params.get(name) or ["true"])[0] not in ("false", "0")
+        request = {"op": "stats", "topic": (params.get("topic") or [""])[0],
+                   "channel": (params.get("channel") or [""])[0],
+                   "include_clients": flag("include_clients"),
+                   "include_mem": flag("include_mem") and not prometheus}
+        try:
+            _, payload, _ = await self.shard.control.call(request, wait=PROXY_TIMEOUT)
+        except (ConnectionError, TimeoutError):
+            raise HTTPError(503, "SHARD_UNAVAILABLE") from None
+        doc = orjson.loads(payload)
+        if prometheus:
+            return Response(exposition(lambda: doc), media_type=PROMETHEUS_TYPE)
+        if fmt == "json":
+            return api_response(doc)
+        return api_response(format_text(doc))

@@ -1,0 +1,461 @@
+"""The supervisor: one nsqd node as a tree of shard processes (gunicorn's arbiter, for nsqd).
+
+Theory of operation
+-------------------
+``Supervisor(opts, shards)`` does what must happen once per node, in the constructor so that
+port 0 works and errors are one line: lock the data path, read ``nsqd.dat``, load the
+placement table (``placement.py``) and place every known topic, bind TCP and HTTP, create the
+inbound rings (``shard/crossshard.py``), one heartbeat page and one eventfd per shard.
+
+``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
+interpreter, never a fork of a running loop) with the listening HTTP socket and the rest
+passed as inherited descriptors, waits until each says ``ready``, announces the listeners,
+accepts TCP connections and hands each to its shard (``handoff.py``), and keeps the node's
+single lookupd registration and ``nsqd.dat`` from the snapshots the shards send.
+
+Signal handlers only enqueue (SIGTERM, SIGINT); the loop drains the queue into ``exit``.
+uvloop reserves SIGCHLD, so instead every ``TICK`` the loop reaps (``handle_chld``) and
+checks heartbeats (``murder``): a shard
+whose loop has not written its timestamp for ``SHARD_TIMEOUT`` gets SIGABRT, and SIGKILL
+``KILL_AFTER`` later. ``handle_chld`` reaps with ``waitpid(-1, WNOHANG)`` until 0 and
+classifies: ``BOOT_ERROR`` (the shard could not start) stops the node with the shard's
+one-line error and exit status 1; anything else is restarted after a back-off that doubles
+with each death that came soon after a start (0.1 s … 10 s), and SIGKILL is logged as a
+possible OOM kill.
+
+Shutdown, under one deadline (``SHUTDOWN_DEADLINE``): stop accepting; ``quiesce`` every shard
+(it stops delivering, waits up to ``FIN_WAIT`` for in-flight messages to be FINed or REQed,
+stops HTTP and closes its clients, so nothing publishes any more, anywhere); ``exit``
+every shard (it drains its inbound rings, requeues in-flight and deferred messages and
+flushes every queue to disk); wait, then SIGKILL stragglers and log how many; save
+``nsqd.dat``, close the lookupd registration, release the data-path lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import ssl
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from pynsqd import NSQ_VERSION, __version__, logs
+from pynsqd.netaddr import bind, bound_port, describe
+from pynsqd.options import UsageError
+from pynsqd.shard import metadata
+from pynsqd.shard.config import NsqdOptions
+from pynsqd.shard.crossshard import create_rings, release_rings
+from pynsqd.shard.node import lock_data_path
+from pynsqd.shard.statsd import StatsdLines, StatsdPusher, statsd_prefix
+from pynsqd.shard.transport import build_server_context
+from pynsqd.shard.worker import BOOT_ERROR, ENV
+from pynsqd.supervisor.aggregate import merge_stats
+from pynsqd.supervisor.control import ControlChannel, channel_pair
+from pynsqd.supervisor.handoff import greet
+from pynsqd.supervisor.placement import Placement
+from pynsqd.supervisor.registration import Registration
+from pynsqd.supervisor.slots import Slot
+from pynsqd.wire.lookup import IdentifyInfo
+from pynsqd.wire.names import is_ephemeral, is_valid_name
+
+log = logging.getLogger("pynsqd.supervisor")
+
+SHARD_TIMEOUT = float(os.environ.get("PYNSQD_SHARD_TIMEOUT", "10"))  # seconds without a beat
+KILL_AFTER = 2.0
+SHUTDOWN_DEADLINE = float(os.environ.get("PYNSQD_SHUTDOWN_DEADLINE", "20"))
+READY_TIMEOUT = 30.0
+TICK = 0.2  # seconds between reaping/heartbeat checks
+FIN_WAIT = 5.0  # seconds a shutting-down shard waits for consumers to FIN what they hold
+CALL_TIMEOUT = 30.0
+
+
+class Supervisor:
+    """One nsqd node: N shard processes behind one set of listeners."""
+
+    def __init__(self, opts: NsqdOptions, shards: int) -> None:
+        self.opts = opts
+        self.shards = shards
+        self._lock_fd = lock_data_path(opts.data_dir)
+        try:
+            topics = metadata.load(opts.data_dir)
+        except ValueError as exc:
+            os.close(self._lock_fd)
+            raise UsageError(f"failed to load metadata - {exc}") from None
+        self.placement = Placement(opts.data_dir, shards)
+        self.placement.rebalance_at_start()
+        self.snapshots: dict[int, list[Any]] = {i: [] for i in range(shards)}
+        for topic in topics:
+            self.snapshots[self.placement.owner(topic[0])].append(list(topic))
+        try:
+            tls_ctx = build_server_context(opts)  # each shard builds its own from the same files
+        except (OSError, ssl.SSLError) as exc:
+            os.close(self._lock_fd)
+            raise UsageError(f"failed to load TLS certificate/key: {exc}") from None
+        self.tcp_socket = bind(opts.tcp_address, "tcp-address")
+        self.http_socket = bind(opts.http_address, "http-address") if opts.http_address else None
+        self.https_socket = (bind(opts.https_address, "https-address")
+                             if opts.https_address and tls_ctx is not None else None)
+        self.rings = create_rings(opts.data_dir, shards)
+        self.wake_fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(shards)]
+        self.slots = [Slot(i) for i in range(shards)]
+        self.registration = Registration(self.identity, self.registrations, opts.max_body_size)
+        self.start_time = int(time.time())
+        self.handoffs = 0
+        self.fatal: str | None = None
+        self._signals: asyncio.Queue[int] = asyncio.Queue()  # signal numbers, from the handlers
+        self._stopping = False
+        self._exited = False
+        self._save_pending = False
+        self._next_any = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._accept_task: asyncio.Task[None] | None = None
+
+    # --- identity, registration, metadata ---------------------------------------------------
+    @property
+    def tcp_port(self) -> int:
+        return bound_port(self.tcp_socket)
+
+    @property
+    def http_port(self) -> int:
+        return bound_port(self.http_socket) if self.http_socket else -1
+
+    @property
+    def https_port(self) -> int:
+        return bound_port(self.https_socket) if self.https_socket else -1
+
+    def identity(self) -> IdentifyInfo:
+        return IdentifyInfo(broadcast_address=self.opts.broadcast_address,
+                            tcp_port=self.opts.broadcast_tcp_port or self.tcp_port,
+                            http_port=self.opts.broadcast_http_port or self.http_port,
+                            version=NSQ_VERSION, hostname=socket.gethostname())
+
+    def registrations(self) -> list[tuple[str, list[str]]]:
+        return [(t[0], [c[0] for c in t[2]]) for snap in self.snapshots.values() for t in snap]
+
+    def save_metadata(self) -> None:
+        self._save_pending = False
+        topics = [(t[0], bool(t[1]), [(c[0], bool(c[1])) for c in t[2]])
+                  for i in range(self.shards) for t in self.snapshots[i]]
+        try:
+            metadata.save(self.opts.data_dir, metadata.encode(topics))
+        except OSError as exc:
+            log.error("failed to persist metadata - %s", exc)
+
+    def _schedule_save(self) -> None:
+        if not self._save_pending:
+            self._save_pending = True
+            asyncio.get_running_loop().call_soon(self.save_metadata)
+
+    # --- spawning and supervising shards -----------------------------------------------------
+    def spawn(self, slot: Slot) -> None:
+        here, there = channel_pair()
+        slot.reset_heartbeat()
+        boot = {"index": slot.index, "shards": self.shards, "parent": os.getpid(),
+                "opts": dataclasses.asdict(self.opts), "start_time": self.start_time,
+                "tcp_port": self.tcp_port, "http_port": self.http_port,
+                "control_fd": there.fileno(), "heartbeat_fd": slot.heartbeat_fd,
+                "http_fd": self.http_socket.fileno() if self.http_socket else None,
+                "https_fd": self.https_socket.fileno() if self.https_socket else None,
+                "https_port": self.https_port, "wake_fds": self.wake_fds}
+        fds = [there.fileno(), slot.heartbeat_fd, *self.wake_fds]
+        fds += [s.fileno() for s in (self.http_socket, self.https_socket) if s is not None]
+        env = dict(os.environ)
+        env[ENV] = orjson.dumps(boot).decode()
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        try:
+            slot.pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "pynsqd.shard.worker"], env)
+        finally:
+            for fd in fds:
+                os.set_inheritable(fd, False)
+            there.close()
+        slot.started = time.monotonic()
+        slot.channel = ControlChannel(here, self._on_control, f"shard {slot.index}")
+        slot.channel.start(asyncio.get_running_loop())
+        log.info("shard %d: started (pid %d)", slot.index, slot.pid)
+
+    def handle_chld(self) -> None:
+        """Reap every dead shard; classify its exit; schedule its restart."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            slot = next((s for s in self.slots if s.pid == pid), None)
+            if slot is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            slot.died()
+            if self._stopping:
+                continue
+            if code == BOOT_ERROR:
+                self.fatal = f"shard {slot.index} failed to boot"
+                log.error("%s (exit status %d); not restarting", self.fatal, code)
+                self._signals.put_nowait(signal.SIGTERM)
+                continue
+            if code == -signal.SIGKILL:
+                log.error("shard %d (pid %d) was killed (SIGKILL; possibly out of memory)", slot.index, pid)
+            else:
+                log.error("shard %d (pid %d) exited with status %d", slot.index, pid, code)
+            delay = slot.schedule_restart(time.monotonic())
+            log.info("shard %d: restarting in %.1fs", slot.index, delay)
+
+    def murder(self, now: float) -> None:
+        """Kill shards whose loop stopped beating; restart due ones."""
+        for slot in self.slots:
+            if slot.pid and slot.is_ready and now - slot.last_beat() > SHARD_TIMEOUT:
+                if slot.abort_sent is None:
+                    log.error("shard %d (pid %d): no heartbeat for %.1fs - SIGABRT", slot.index,
+                              slot.pid, now - slot.last_beat())
+                    slot.abort_sent = now
+                    _kill(slot.pid, signal.SIGABRT)
+                elif now - slot.abort_sent > KILL_AFTER:
+                    log.error("shard %d (pid %d): still stuck - SIGKILL", slot.index, slot.pid)
+                    _kill(slot.pid, signal.SIGKILL)
+            elif slot.pid == 0 and slot.respawn_at is not None and now >= slot.respawn_at and not self._stopping:
+                slot.respawn_at = None
+                slot.restarts += 1
+                self.spawn(slot)
+
+    # --- control messages from shards ---------------------------------------------------------
+    def _on_control(self, chan: ControlChannel, msg: dict[str, Any], payload: bytes, fds: list[int]) -> None:
+        slot = next(s for s in self.slots if s.channel is chan)
+        op = msg.get("op")
+        if op == "ready":
+            slot.ready.set()
+            log.info("shard %d: ready", slot.index)
+        elif op == "snapshot":
+            self.snapshots[slot.index] = msg["topics"]
+            self._schedule_save()
+        elif op == "changed":
+            self._changed(msg["event"], msg["topic"], msg.get("channel"))
+        elif op == "handoff":
+            sock = socket.socket(fileno=fds.pop(0)) if fds else None
+            if sock is not None:
+                self._spawn_task(self._handoff(msg["shard"], sock, msg.get("state") or {}, payload))
+        elif op == "stats":
+            self._spawn_task(self._stats(chan, msg))
+        elif op == "proxy":
+            self._spawn_task(self._proxy(chan, msg, payload))
+        elif op == "config":
+            self._config(slot, msg["opt"], payload)
+        for fd in fds:
+            os.close(fd)
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("supervisor task failed - %r", task.exception())
+
+    def _changed(self, event: str, topic: str, channel: str | None) -> None:
+        self.registration.changed(event, topic, channel)
+        if event == "created" and channel is None and self.registration.peers:
+            self._spawn_task(self._precreate_channels(topic))
+
+    async def _precreate_channels(self, topic: str) -> None:
+        names = sorted(n for n in await self.registration.channels_for(topic)
+                       if not is_ephemeral(n) and is_valid_name(n))
+        slot = self.slots[self.placement.owner(topic)]
+        if names and slot.channel is not None and not slot.channel.closed:
+            slot.channel.send({"op": "create_channels", "topic": topic, "channels": names})
+
+    def _config(self, origin: Slot, opt: str, body: bytes) -> None:
+        """``PUT /config/<opt>`` succeeded on one shard: apply it node-wide."""
+        if opt == "nsqlookupd_tcp_addresses":
+            self.opts.lookupd_tcp_address = list(orjson.loads(body))
+            self.registration.set_addresses(self.opts.lookupd_tcp_address)
+        elif opt == "log_level":
+            level = body.decode("utf-8", "replace").strip().lower()
+            self.opts.log_level = level
+            logs.set_level(level)
+        for slot in self.slots:
+            if slot is not origin and slot.channel is not None and not slot.channel.closed:
+                slot.channel.send({"op": "config", "opt": opt}, body)
+
+    async def _ready_slot(self, index: int | None) -> Slot | None:
+        if index is None:
+            index = self._next_any % self.shards
+            self._next_any += 1
+        slot = self.slots[index]
+        try:
+            await asyncio.wait_for(slot.ready.wait(), READY_TIMEOUT)
+        except TimeoutError:
+            return None
+        return slot
+
+    async def _handoff(self, index: int | None, sock: socket.socket, state: dict[str, Any], unread: bytes) -> None:
+        try:
+            slot = await self._ready_slot(index)
+            if slot is None or self._stopping or slot.channel is None or slot.channel.closed:
+                return
+            slot.channel.send({"op": "adopt", "state": state}, unread, [sock.fileno()])
+            self.handoffs += 1
+        finally:
+            sock.close()
+
+    async def _call_all(self, msg: dict[str, Any]) -> list[tuple[dict[str, Any], bytes]]:
+        calls = [s.channel.call(msg, wait=CALL_TIMEOUT) for s in self.slots
+                 if s.is_ready and s.channel is not None and not s.channel.closed]
+        out = []
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, tuple):
+                out.append((result[0], result[1]))
+        return out
+
+    async def _stats(self, chan: ControlChannel, msg: dict[str, Any]) -> None:
+        request: dict[str, Any] = {k: msg[k] for k in ("topic", "channel", "include_clients", "include_mem")
+                                   if k in msg}
+        chan.reply(msg, {"ok": True}, orjson.dumps(await self.node_stats(request)))
+
+    async def node_stats(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The node's stats document: every ready shard's, merged (``aggregate.py``)."""
+        docs = [orjson.loads(p) for _, p in await self._call_all({"op": "stats", **request})]
+        doc = merge_stats(docs, self.stats())
+        doc["start_time"] = self.start_time
+        return doc
+
+    def _statsd(self) -> StatsdPusher:
+        """One pusher per node, here: it sends the figures aggregated over every shard."""
+        opts = self.opts
+        prefix = statsd_prefix(opts.statsd_prefix, opts.broadcast_address, opts.broadcast_http_port or self.http_port)
+        lines = StatsdLines(prefix, opts.statsd_mem_stats, opts.statsd_exclude_ephemeral)
+        return StatsdPusher(opts.statsd_address, opts.statsd_interval, opts.statsd_udp_packet_size, lines,
+                            lambda: self.node_stats({"include_clients": False}))
+
+    def stats(self) -> dict[str, Any]:
+        return {"shards": self.shards, "handoffs": self.handoffs,
+                "shard_restarts": sum(s.restarts for s in self.slots),
+                "shard_status": [{"shard": s.index, "pid": s.pid, "ready": s.is_ready,
+                                  "restarts": s.restarts} for s in self.slots]}
+
+    async def _proxy(self, chan: ControlChannel, msg: dict[str, Any], body: bytes) -> None:
+        slot = await self._ready_slot(msg["shard"])
+        if slot is None or slot.channel is None or slot.channel.closed:
+            chan.reply(msg, {"error": "shard unavailable"})
+            return
+        request: dict[str, Any] = {k: msg[k] for k in ("method", "path", "query", "scheme") if k in msg}
+        try:
+            reply, payload, _ = await slot.channel.call({"op": "http", **request}, body, wait=CALL_TIMEOUT)
+        except (ConnectionError, TimeoutError):
+            chan.reply(msg, {"error": "shard unavailable"})
+            return
+        chan.reply(msg, {"status": reply["status"], "headers": reply["headers"]}, payload)
+
+    # --- main loop ------------------------------------------------------------------------------
+    async def main(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._signals.put_nowait, int(signum))
+        log.info("pynsqd %s (nsqd v%s compatible), %d shard(s)", __version__, NSQ_VERSION, self.shards)
+        log.info("ID: %d", self.opts.node_id)
+        self.save_metadata()
+        for slot in self.slots:
+            self.spawn(slot)
+        self._accept_task = loop.create_task(self._wait_then_accept())
+        while not self._stopping:
+            try:
+                sig = int(await asyncio.wait_for(self._signals.get(), TICK))
+            except TimeoutError:
+                self.handle_chld()
+                self.murder(time.monotonic())
+                continue
+            log.info("received signal %d, shutting down", sig)
+            await self.exit()
+        if self.fatal:
+            print(f"nsqd: {self.fatal}", file=sys.stderr)
+            return 1
+        return 0
+
+    async def _wait_then_accept(self) -> None:
+        for slot in self.slots:
+            await slot.ready.wait()
+        log.info("TCP: listening on %s", describe(self.tcp_socket))
+        if self.http_socket is not None:
+            log.info("HTTP: listening on %s", describe(self.http_socket))
+        if self.https_socket is not None:
+            log.info("HTTPS: listening on %s", describe(self.https_socket))
+        if self.opts.statsd_address:
+            self._spawn_task(self._statsd().run())
+        self.registration.set_addresses(self.opts.lookupd_tcp_address)
+        loop = asyncio.get_running_loop()
+        self.tcp_socket.setblocking(False)
+        while True:
+            conn, addr = await loop.sock_accept(self.tcp_socket)
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._spawn_task(greet(conn, addr, self.opts, self.placement.owner, self._handoff))
+
+    async def exit(self) -> None:
+        if self._exited:
+            return
+        self._exited = True
+        self._stopping = True
+        started = time.monotonic()
+        deadline = started + SHUTDOWN_DEADLINE
+        if self._accept_task is not None:
+            self._accept_task.cancel()
+        self.tcp_socket.close()
+        for task in list(self._tasks):
+            task.cancel()
+        live = [s for s in self.slots if s.pid and s.channel is not None and not s.channel.closed]
+        fin_wait = min(FIN_WAIT, SHUTDOWN_DEADLINE / 4)
+        quiesce = [s.channel.call({"op": "quiesce", "wait": fin_wait}, wait=max(0.1, deadline - time.monotonic()))
+                   for s in live if s.channel is not None]
+        await asyncio.gather(*quiesce, return_exceptions=True)
+        for slot in live:
+            if slot.channel is not None and not slot.channel.closed:
+                slot.channel.send({"op": "exit"})
+        killed = await self._wait_children(deadline)
+        if killed:
+            log.error("%d shard(s) did not exit in time and were killed", killed)
+        self.save_metadata()
+        await self.registration.close()
+        release_rings(self.rings)
+        self.placement.close()
+        os.close(self._lock_fd)
+        log.info("exited cleanly in %.3fs", time.monotonic() - started)
+
+    async def _wait_children(self, deadline: float) -> int:
+        """Reap shards until all are gone or the deadline passes; then SIGKILL the rest."""
+        while any(s.pid for s in self.slots) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+            while not self._signals.empty():
+                self._signals.get_nowait()
+            self.handle_chld()
+        stragglers = [s for s in self.slots if s.pid]
+        for slot in stragglers:
+            _kill(slot.pid, signal.SIGKILL)
+        for slot in stragglers:
+            for _ in range(250):  # SIGKILL cannot be refused: this takes milliseconds
+                if _reaped(slot.pid):
+                    break
+                await asyncio.sleep(0.02)
+            slot.died()
+        return len(stragglers)
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)

@@ -1,0 +1,215 @@
+"""Control messages between the supervisor and its shards: unix SEQPACKET + orjson.
+
+Theory of operation
+-------------------
+Each shard has one ``socketpair(AF_UNIX, SOCK_SEQPACKET)`` with the supervisor; the
+supervisor is the hub, so shard↔shard requests (admin calls, stats) go through it. A message
+is a JSON header (orjson), an optional raw payload (the unread bytes of a handed-over
+connection, a proxied HTTP body) and optional file descriptors (``SCM_RIGHTS``). On the wire
+one message is one or more datagrams ``[1B more-flag][chunk]``: SEQPACKET keeps datagram
+boundaries, so there is no length framing to parse, and a large message (a stats document of
+a busy node) is split into ``CHUNK``-sized datagrams that the receiver joins. Descriptors
+travel with the first datagram.
+
+Sending never blocks the event loop: the socket is non-blocking, and what the kernel does not
+take (EAGAIN) waits in a queue drained when the socket is writable again. ``call`` sends a
+request with a fresh ``rid`` and returns a future resolved by the reply carrying that ``rid``;
+``reply`` answers one. A closed peer fails every pending call with ``ConnectionError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import socket
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("pynsqd.control")
+
+CHUNK = 60 * 1024
+SOCKET_BUFFER = 4 * 1024 * 1024
+_HEAD = struct.Struct(">I")
+
+Message = tuple[dict[str, Any], bytes, list[int]]
+Handler = Callable[["ControlChannel", dict[str, Any], bytes, list[int]], None]
+
+
+def channel_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected SEQPACKET pair with large buffers (supervisor end, shard end)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for s in (a, b):
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                s.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+            except OSError:  # pragma: no cover - capped by net.core.wmem_max
+                pass
+    return a, b
+
+
+def encode(header: dict[str, Any], payload: bytes = b"") -> list[bytes]:
+    """A message as the datagrams that carry it."""
+    head = orjson.dumps(header)
+    data = _HEAD.pack(len(head)) + head + payload
+    chunks = [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
+    return [(b"\x01" if i < len(chunks) - 1 else b"\x00") + c for i, c in enumerate(chunks)]
+
+
+def decode(data: bytes) -> tuple[dict[str, Any], bytes]:
+    """Joined datagram bodies → (header, payload). Raises ``ValueError``."""
+    if len(data) < 4:
+        raise ValueError("control message too short")
+    (n,) = _HEAD.unpack_from(data)
+    header = orjson.loads(data[4:4 + n])
+    if not isinstance(header, dict):
+        raise ValueError("control header is not an object")
+    return header, data[4 + n:]
+
+
+class ControlChannel:
+    """One end of a control socketpair, driven by the running loop."""
+
+    def __init__(self, sock: socket.socket, handler: Handler, name: str = "") -> None:
+        self.sock = sock
+        self.name = name
+        self.handler = handler
+        self.closed = False
+        self.on_close: Callable[[ControlChannel], None] | None = None
+        sock.setblocking(False)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._out: collections.deque[tuple[bytes, list[int]]] = collections.deque()
+        self._writing = False
+        self._partial: list[bytes] = []
+        self._partial_fds: list[int] = []
+        self._calls: dict[int, asyncio.Future[Message]] = {}
+        self._next_rid = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        loop.add_reader(self.sock.fileno(), self._readable)
+
+    # --- sending --------------------------------------------------------------------------
+    def send(self, header: dict[str, Any], payload: bytes = b"", fds: list[int] | None = None) -> None:
+        """Queue a message. ``fds`` are duplicated here (close yours whenever you like); the
+        duplicates are closed once the kernel has taken the message."""
+        if self.closed:
+            raise ConnectionError(f"control channel {self.name} closed")
+        chunks = encode(header, payload)
+        for i, chunk in enumerate(chunks):
+            self._out.append((chunk, [os.dup(fd) for fd in fds or []] if i == 0 else []))
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._out:
+            chunk, fds = self._out[0]
+            try:
+                if fds:
+                    socket.send_fds(self.sock, [chunk], fds)
+                else:
+                    self.sock.send(chunk)
+            except BlockingIOError:
+                if not self._writing and self._loop is not None:
+                    self._writing = True
+                    self._loop.add_writer(self.sock.fileno(), self._writable)
+                return
+            except OSError as exc:
+                self._lost(exc)
+                return
+            self._out.popleft()
+            for fd in fds:
+                os.close(fd)
+
+    def _writable(self) -> None:
+        self._flush()
+        if not self._out and self._writing and self._loop is not None:
+            self._writing = False
+            self._loop.remove_writer(self.sock.fileno())
+
+    async def call(self, header: dict[str, Any], payload: bytes = b"", fds: list[int] | None = None,
+                   wait: float = 10.0) -> Message:
+        """Send a request and wait for its reply. Raises ``ConnectionError``/``TimeoutError``."""
+        assert self._loop is not None
+        self._next_rid += 1
+        rid = self._next_rid
+        fut: asyncio.Future[Message] = self._loop.create_future()
+        self._calls[rid] = fut
+        try:
+            self.send({**header, "rid": rid}, payload, fds)
+            return await asyncio.wait_for(fut, wait)
+        finally:
+            self._calls.pop(rid, None)
+
+    def reply(self, request: dict[str, Any], header: dict[str, Any], payload: bytes = b"") -> None:
+        if not self.closed:
+            self.send({**header, "op": "reply", "re": request.get("rid")}, payload)
+
+    # --- receiving ------------------------------------------------------------------------
+    def _readable(self) -> None:
+        for _ in range(64):
+            try:
+                data, fds, _flags, _ = socket.recv_fds(self.sock, CHUNK + 1, 32)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._lost(exc)
+                return
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                self._lost(None)
+                return
+            self._partial.append(data[1:])
+            self._partial_fds.extend(fds)
+            if data[:1] == b"\x01":
+                continue
+            raw = b"".join(self._partial)
+            fds_all = self._partial_fds
+            self._partial, self._partial_fds = [], []
+            try:
+                header, payload = decode(raw)
+            except ValueError as exc:
+                log.error("control(%s): bad message - %s", self.name, exc)
+                for fd in fds_all:
+                    os.close(fd)
+                continue
+            if header.get("op") == "reply":
+                fut = self._calls.get(header.get("re", -1))
+                if fut is not None and not fut.done():
+                    fut.set_result((header, payload, fds_all))
+                else:
+                    for fd in fds_all:
+                        os.close(fd)
+                continue
+            try:
+                self.handler(self, header, payload, fds_all)
+            except Exception:
+                log.exception("control(%s): handler failed for %s", self.name, header.get("op"))
+
+    def _lost(self, exc: BaseException | None) -> None:
+        if self.closed:
+            return
+        self.close()
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(f"control channel {self.name} closed"))
+        if self.on_close is not None:
+            self.on_close(self)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._loop is not None:
+            self._loop.remove_reader(self.sock.fileno())
+            if self._writing:
+                self._loop.remove_writer(self.sock.fileno())
+        for _, fds in self._out:
+            for fd in fds:
+                os.close(fd)
+        self._out.clear()
+        self.sock.close()

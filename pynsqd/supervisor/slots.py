@@ -1,0 +1,69 @@
+"""One shard's place in the supervisor: its process, control channel, heartbeat and back-off.
+
+A slot outlives the processes that fill it: a restarted shard gets the same index (so the
+same topics, rings and heartbeat page). ``schedule_restart`` doubles the delay for each
+death that came within ``STABLE_AFTER`` of a start (0.1 s, 0.2 s … ``BACKOFF_MAX``) and
+resets it after a shard that ran long enough.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import struct
+import time
+
+from pynsqd.supervisor.control import ControlChannel
+
+BACKOFF_MIN = 0.1
+BACKOFF_MAX = 10.0
+STABLE_AFTER = 10.0
+_SLOT = struct.Struct("d")
+
+
+class Slot:
+    """Shard ``index`` of the node."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.pid = 0
+        self.channel: ControlChannel | None = None
+        self.ready = asyncio.Event()
+        self.restarts = 0
+        self.started = 0.0
+        self.respawn_at: float | None = None
+        self.abort_sent: float | None = None
+        self._quick_deaths = 0
+        self.heartbeat_fd = os.memfd_create(f"pynsqd-heartbeat-{index}", os.MFD_CLOEXEC)
+        os.ftruncate(self.heartbeat_fd, mmap.PAGESIZE)
+        self._beat = mmap.mmap(self.heartbeat_fd, mmap.PAGESIZE)
+
+    @property
+    def is_ready(self) -> bool:
+        return self.ready.is_set()
+
+    def reset_heartbeat(self) -> None:
+        _SLOT.pack_into(self._beat, 0, time.monotonic())
+
+    def last_beat(self) -> float:
+        return float(_SLOT.unpack_from(self._beat, 0)[0])
+
+    def died(self) -> None:
+        """The process is gone (reaped)."""
+        self.pid = 0
+        self.ready.clear()
+        self.abort_sent = None
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+
+    def schedule_restart(self, now: float) -> float:
+        """When to start this shard again; returns the delay."""
+        if now - self.started < STABLE_AFTER:
+            self._quick_deaths += 1
+        else:
+            self._quick_deaths = 0
+        delay = min(BACKOFF_MIN * 2 ** max(0, self._quick_deaths - 1), BACKOFF_MAX)
+        self.respawn_at = now + delay
+        return delay

@@ -1,0 +1,365 @@
+"""The multi-shard node end to end: placement, hand-off, relay, cross-shard publish, crashes,
+restarts and shutdown, all on real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pynsqd.shm.segment import list_segments
+from pynsqd.wire.commands import encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub
+from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE
+from tests.conftest import run_async
+from tests.harness import Daemon, scaled, wait_for
+from tests.nodeclient import Consumer, Producer
+from tests.rawclient import Message, RawClient
+
+NodeFactory = Callable[..., Daemon]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[NodeFactory]:
+    """``node("--shards=4", env={...})`` → a started nsqd on ``tmp_path/data``."""
+    started: list[Daemon] = []
+
+    def make(*args: str, env: dict[str, str] | None = None, start: bool = True) -> Daemon:
+        path = tmp_path / "data"
+        path.mkdir(exist_ok=True)
+        daemon = Daemon("pynsqd.supervisor", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                                              f"--data-path={path}", *args], env=env)
+        started.append(daemon)
+        return daemon.start() if start else daemon
+
+    yield make
+    for daemon in started:
+        daemon.stop()
+
+
+def get_json(nsqd: Daemon, path: str) -> Any:
+    with urllib.request.urlopen(nsqd.http_url + path, timeout=scaled(10)) as resp:
+        return json.loads(resp.read())
+
+
+def owners(tmp_path: Path) -> dict[str, int]:
+    table = {}
+    for line in (tmp_path / "data" / "pynsqd.placement").read_text().splitlines():
+        shard, _, topic = line.partition(" ")
+        table[topic] = int(shard)
+    return table
+
+
+def client_shards(stats: dict[str, Any]) -> dict[tuple[str, str], set[int]]:
+    out: dict[tuple[str, str], set[int]] = {}
+    for t in stats["topics"]:
+        for c in t["channels"]:
+            out[(t["topic_name"], c["channel_name"])] = {cl["shard"] for cl in c["clients"] or []}
+    return out
+
+
+async def _subscribe_all(nsqd: Daemon, topics: list[str], channels: list[str]) -> list[Consumer]:
+    consumers = [Consumer(nsqd.tcp, t, c) for t in topics for c in channels]
+    for consumer in consumers:
+        consumer.start()
+    await asyncio.wait_for(asyncio.gather(*(c.subscribed.wait() for c in consumers)), scaled(30))
+    return consumers
+
+
+async def _until(predicate: Callable[[], bool], seconds: float, what: str) -> None:
+    end = asyncio.get_running_loop().time() + scaled(seconds)
+    while not predicate():
+        if asyncio.get_running_loop().time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def test_forty_topics_on_four_shards_every_message_arrives_at_its_owner(node: NodeFactory, tmp_path: Path) -> None:
+    nsqd = node("--shards=4")
+    topics = [f"load{i:02d}" for i in range(40)]
+
+    async def main() -> None:
+        consumers = await _subscribe_all(nsqd, topics, ["a", "b"])
+        producer = Producer(nsqd.tcp)
+        await producer.connect()
+        for r in range(5):
+            for t in topics:
+                await producer.mpub(t, [f"{t}:{r}:{k}".encode() for k in range(20)])
+        expected = 100
+        await _until(lambda: all(len(c.received) == expected for c in consumers), 60, "every message")
+        for c in consumers:
+            assert sorted(c.received) == sorted(f"{c.topic}:{r}:{k}".encode() for r in range(5) for k in range(20))
+            assert set(c.received.values()) == {1}
+        stats = get_json(nsqd, "/stats?format=json")
+        table = owners(tmp_path)
+        assert sorted(table[t] for t in topics) == sorted(list(range(4)) * 10)  # 10 topics per shard
+        for (topic, _), shards in client_shards(stats).items():
+            assert shards == {table[topic]}  # every consumer is served by its topic's owner
+        assert {t["topic_name"]: t["message_count"] for t in stats["topics"]} == dict.fromkeys(topics, 100)
+        sup = stats["supervisor"]
+        assert sup["shards"] == 4 and sup["handoffs"] >= 81 and sup["relays"] == 0
+        assert sup["cross_shard_sent"] == sup["cross_shard_received"] == 30 * 100  # 30 of 40 topics elsewhere
+        producer.close()
+        for c in consumers:
+            await c.stop()
+
+    run_async(main())
+
+
+def test_kill_9_of_a_shard_under_load(node: NodeFactory, tmp_path: Path) -> None:
+    """--mem-queue-size=0: every message is on disk (or in a shm ring) once it got OK, so a
+    killed shard loses nothing but what it had delivered and not yet seen FINed (in flight:
+    the disk queue's read position may already be past them). That is what is asserted."""
+    nsqd = node("--shards=4", "--mem-queue-size=0")
+    topics = [f"k{i:02d}" for i in range(12)]
+
+    async def main() -> None:
+        consumers = await _subscribe_all(nsqd, topics, ["a", "b"])
+        table = owners(tmp_path)
+        producer = Producer(nsqd.tcp)
+        await producer.connect()
+        await producer.mpub(topics[0], [b"first"])
+        victim = next(s for s in range(4) if s != table[topics[0]])  # not the producer's shard
+        before = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"]
+        for r in range(30):
+            for t in topics:
+                await producer.mpub(t, [f"{t}:{r}:{k}".encode() for k in range(10)])
+            if r == 10:
+                os.kill(before[victim]["pid"], signal.SIGKILL)
+        await _until(lambda: get_json(nsqd, "/stats?format=json")["supervisor"]["shard_restarts"] == 1,
+                     30, "the shard's restart")
+        acked = set(producer.acked)
+
+        def complete() -> bool:
+            for c in consumers:
+                prefix = f"{c.topic}:".encode()
+                want = {b for b in acked if b.startswith(prefix) or (b == b"first" and c.topic == topics[0])}
+                if not (want - set(c.received)) <= c.unfinished_on_lost:
+                    return False
+            return True
+        await _until(complete, 60, "every acknowledged message (or a crash-cut in-flight one)")
+        after = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"]
+        assert after[victim]["pid"] != before[victim]["pid"] and after[victim]["ready"]
+        for c in consumers:
+            if table[c.topic] == victim:
+                assert c.connections >= 2  # reconnected to the restarted shard
+            else:
+                assert c.connections == 1 and not c.unfinished_on_lost  # never stopped serving
+        producer.close()
+        for c in consumers:
+            await c.stop()
+
+    run_async(main())
+
+
+def test_sigterm_under_load_then_restart_loses_nothing(node: NodeFactory, tmp_path: Path) -> None:
+    nsqd = node("--shards=2")
+    topics = [f"s{i}" for i in range(6)]
+
+    async def main() -> tuple[set[bytes], dict[bytes, int]]:
+        consumers = await _subscribe_all(nsqd, topics, ["a"])
+        producer = Producer(nsqd.tcp)
+        await producer.connect()
+        try:
+            for r in range(1000):
+                for t in topics:
+                    await producer.mpub(t, [f"{t}:{r}:{k}".encode() for k in range(50)])
+                if r == 5:
+                    nsqd.signal(signal.SIGTERM)
+        except ConnectionError:
+            pass
+        producer.close()
+        assert await asyncio.to_thread(nsqd.wait, 30) == 0
+        got: dict[bytes, int] = {}
+        for c in consumers:
+            await c.stop()
+            for body, n in c.received.items():
+                got[body] = got.get(body, 0) + n
+        return set(producer.acked), got
+
+    acked, got = run_async(main())
+    assert "exited cleanly" in nsqd.output
+    again = node("--shards=2")
+
+    async def resume() -> dict[bytes, int]:
+        consumers = await _subscribe_all(again, topics, ["a"])
+        await _until(lambda: acked <= set(got) | {b for c in consumers for b in c.received}, 60,
+                     "every acknowledged message after the restart")
+        out: dict[bytes, int] = {}
+        for c in consumers:
+            await c.stop()
+            for body, n in c.received.items():
+                out[body] = out.get(body, 0) + n
+        return out
+
+    later = run_async(resume())
+    total = {b: got.get(b, 0) + later.get(b, 0) for b in set(got) | set(later)}
+    assert acked <= set(total)
+    # The shutdown stops delivering and waits for the FINs of what is in flight before it
+    # closes the connections, so no FINed message comes back.
+    assert [b for b, n in total.items() if n > 1] == []
+    assert "requeueing" not in nsqd.output
+
+
+def test_a_connection_that_subscribes_elsewhere_is_relayed(node: NodeFactory, tmp_path: Path) -> None:
+    nsqd = node("--shards=2")
+    with RawClient(nsqd.tcp) as c:
+        c.send(encode_pub("relay_a", b"one"))
+        assert c.read_frame() == (FRAME_RESPONSE, b"OK")
+        table = owners(tmp_path)
+        other = next(f"relay_b{i}" for i in range(50)
+                     if _owner_after_create(nsqd, tmp_path, f"relay_b{i}") != table["relay_a"])
+        c.send(encode_sub(other, "ch") + encode_rdy(5))
+        assert c.read_frame() == (FRAME_RESPONSE, b"OK")
+        with RawClient(nsqd.tcp) as p:
+            p.send(encode_pub(other, b"through the relay"))
+            assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+        kind, data = c.read_frame()
+        assert kind == FRAME_MESSAGE and Message(data).body == b"through the relay"
+        stats = get_json(nsqd, "/stats?format=json")
+        assert client_shards(stats)[(other, "ch")] == {owners(tmp_path)[other]}
+        assert stats["supervisor"]["relays"] == 1
+
+
+def _owner_after_create(nsqd: Daemon, tmp_path: Path, topic: str) -> int:
+    with urllib.request.urlopen(urllib.request.Request(f"{nsqd.http_url}/topic/create?topic={topic}",
+                                                       method="POST"), timeout=scaled(10)):
+        pass
+    return owners(tmp_path)[topic]
+
+
+def test_a_connection_that_asks_for_compression_is_served_by_a_shard(node: NodeFactory) -> None:
+    nsqd = node("--shards=2")
+    with RawClient(nsqd.tcp) as c:
+        c.send(encode_identify(b'{"snappy":true,"feature_negotiation":true}'))
+        kind, data = c.read_frame()
+        assert kind == FRAME_RESPONSE and json.loads(data)["max_rdy_count"] == 2500
+        for i in range(6):  # topics on both shards: some subscribe through a relay
+            c.send(encode_pub(f"z{i}", b"x"))
+            assert c.read_frame() == (FRAME_RESPONSE, b"OK")
+        c.send(encode_sub("z5", "c") + encode_rdy(1))
+        assert c.read_frame() == (FRAME_RESPONSE, b"OK")
+        kind, data = c.read_frame()
+        assert kind == FRAME_MESSAGE and Message(data).body == b"x"
+
+
+def test_admin_calls_reach_the_owner_and_stats_show_one_node(node: NodeFactory, tmp_path: Path) -> None:
+    nsqd = node("--shards=2")
+
+    def post(path: str) -> int:
+        req = urllib.request.Request(nsqd.http_url + path, method="POST", data=b"")
+        with urllib.request.urlopen(req, timeout=scaled(10)) as resp:
+            return int(resp.status)
+
+    topics = [f"adm{i}" for i in range(8)]
+    for t in topics:  # each request is a new connection: either shard may answer it
+        assert post(f"/topic/create?topic={t}") == 200
+        assert post(f"/channel/create?topic={t}&channel=c") == 200
+        assert post(f"/channel/pause?topic={t}&channel=c") == 200
+    assert {owners(tmp_path)[t] for t in topics} == {0, 1}
+    for _ in range(4):
+        stats = get_json(nsqd, "/stats?format=json")
+        assert [t["topic_name"] for t in stats["topics"]] == topics
+        assert all(t["channels"][0]["paused"] for t in stats["topics"])
+    for t in topics[:4]:
+        assert post(f"/topic/delete?topic={t}") == 200
+    assert [t["topic_name"] for t in get_json(nsqd, "/stats?format=json")["topics"]] == topics[4:]
+    with urllib.request.urlopen(nsqd.http_url + "/metrics", timeout=scaled(10)) as resp:
+        text = resp.read().decode()
+    assert all(f'nsq_channel_paused{{channel="c",topic="{t}"}} 1.0' in text for t in topics[4:])
+    assert "nsq_supervisor_shards 2.0" in text
+
+
+def test_a_shard_whose_loop_stops_beating_is_killed_and_restarted(node: NodeFactory) -> None:
+    nsqd = node("--shards=2", env={"PYNSQD_SHARD_TIMEOUT": "1"})
+    pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1]["pid"]
+    os.kill(pid, signal.SIGSTOP)  # the process is alive, its loop is not
+    nsqd.wait_for_log(rf"shard 1 \(pid {pid}\): no heartbeat", timeout=10)
+    nsqd.wait_for_log(rf"shard 1 \(pid {pid}\): still stuck - SIGKILL", timeout=10)
+    nsqd.wait_for_log(r"shard 1: restarting", timeout=10)
+    wait_for(lambda: get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1]["ready"]
+             and get_json(nsqd, "/stats?format=json")["supervisor"]["shard_restarts"] == 1, 20,
+             what="the restarted shard")
+
+
+def test_a_shard_that_cannot_boot_stops_the_node_with_one_line(node: NodeFactory, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "nsqd.dat").write_text('{"topics":[{"name":"broken","paused":false,"channels":[]}],"version":"1.3.0"}')
+    (data / "broken.diskqueue.meta.dat").mkdir()  # the shard cannot open its queue
+    nsqd = node("--shards=2", start=False)
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        nsqd.start()
+    assert "nsqd: shard 0 failed to boot" in nsqd.output
+    assert nsqd.output.count("failed to boot -") == 1
+
+
+def test_a_full_inbound_ring_holds_the_publisher_back_and_loses_nothing(node: NodeFactory, tmp_path: Path) -> None:
+    nsqd = node("--shards=2", "--mem-queue-size=100000")
+    with RawClient(nsqd.tcp) as p:
+        p.send(encode_pub("bp_home", b"x"))  # the connection now lives on bp_home's owner
+        assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+        home = owners(tmp_path)["bp_home"]
+        away = next(f"bp_away{i}" for i in range(50) if _owner_after_create(nsqd, tmp_path, f"bp_away{i}") != home)
+        pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1 - home]["pid"]
+        os.kill(pid, signal.SIGSTOP)  # the owner stops draining its inbound ring (16 MiB)
+        try:
+            batches = [[b"%04d-%04d-" % (b, i) + b"z" * 10_000 for i in range(100)] for b in range(24)]
+            out = p.sock.dup()  # its own timeout: the reader below uses short ones
+            out.settimeout(scaled(60))
+            sender = threading.Thread(target=lambda: [out.sendall(encode_mpub(away, batch)) for batch in batches])
+            sender.start()
+            acked = 0
+            with pytest.raises(TimeoutError):
+                while True:
+                    assert p.read_frame(timeout=1.5) == (FRAME_RESPONSE, b"OK")
+                    acked += 1
+            assert 10 <= acked < len(batches)  # ~16 MiB went in, then the publisher was held back
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for _ in range(len(batches) - acked):
+            assert p.read_frame(timeout=10) == (FRAME_RESPONSE, b"OK")
+        sender.join()
+        out.close()
+    wait_for(lambda: _topic_count(nsqd, away) == 2400, 20, what="every held-back message at its owner")
+    with RawClient(nsqd.tcp) as c:
+        c.send(encode_sub(away, "ch") + encode_rdy(2500))
+        assert c.read_frame() == (FRAME_RESPONSE, b"OK")
+        bodies = set()
+        while len(bodies) < 2400:
+            kind, data = c.read_frame()
+            assert kind == FRAME_MESSAGE
+            bodies.add(Message(data).body[:10])
+    assert bodies == {b"%04d-%04d-" % (b, i) for b in range(24) for i in range(100)}
+
+
+def _topic_count(nsqd: Daemon, topic: str) -> int:
+    stats = get_json(nsqd, f"/stats?format=json&topic={topic}")
+    return int(stats["topics"][0]["message_count"]) if stats["topics"] else 0
+
+
+def test_an_inbound_ring_survives_kill_9_of_the_whole_tree_and_a_clean_exit_removes_it(
+        node: NodeFactory, tmp_path: Path) -> None:
+    nsqd = node("--shards=2")
+    with RawClient(nsqd.tcp) as p:
+        p.send(encode_pub("ring_home", b"x"))
+        assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+        home = owners(tmp_path)["ring_home"]
+        away = next(f"ring_away{i}" for i in range(50) if _owner_after_create(nsqd, tmp_path, f"ring_away{i}") != home)
+        pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1 - home]["pid"]
+        os.kill(pid, signal.SIGSTOP)  # the owner never drains: the OKed batch is only in shm
+        p.send(encode_mpub(away, [b"kept-%d" % i for i in range(50)]))
+        assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+    nsqd.kill()  # SIGKILL to the whole process group
+    assert list_segments(str(tmp_path / "data"))  # the rings outlived every process
+    again = node("--shards=2")
+    wait_for(lambda: _topic_count(again, away) == 50, 20, what="the ring drained by the restarted owner")
+    assert again.stop() == 0
+    assert list_segments(str(tmp_path / "data")) == []  # empty rings are removed on a clean exit

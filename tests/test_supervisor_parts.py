@@ -1,0 +1,189 @@
+"""The supervisor's parts without processes: placement, control channel, greeting, stats merge."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pynsqd.shard.config import NsqdOptions
+from pynsqd.shard.crossshard import decode_batch, encode_batch
+from pynsqd.supervisor.aggregate import merge_stats
+from pynsqd.supervisor.control import CHUNK, ControlChannel, channel_pair
+from pynsqd.supervisor.handoff import Greeting
+from pynsqd.supervisor.placement import Placement
+from pynsqd.wire import MAGIC_V2
+from pynsqd.wire.commands import CommandParser, encode_command, encode_identify, encode_mpub, encode_pub
+from tests.conftest import run_async
+
+
+def test_placement_spreads_topics_evenly_and_is_stable(tmp_path: Path) -> None:
+    a = Placement(str(tmp_path), 2)
+    owners = {f"topic{i}": a.owner(f"topic{i}") for i in range(32)}
+    assert sorted(owners.values()).count(0) == 16
+    b = Placement(str(tmp_path), 2)  # another process, or the next run
+    assert {t: b.owner(t) for t in owners} == owners
+    a.close()
+    b.close()
+    c = Placement(str(tmp_path), 2)
+    c.rebalance_at_start()
+    assert c.owners == owners
+    c.close()
+
+
+def test_placement_learns_what_other_processes_assigned(tmp_path: Path) -> None:
+    a, b = Placement(str(tmp_path), 4), Placement(str(tmp_path), 4)
+    first = [a.owner(f"t{i}") for i in range(6)]
+    assert [b.owner(f"t{i}") for i in range(6)] == first
+    assert b.owner("new") == a.owner("new")
+    assert sorted(a.loads) == [1, 2, 2, 2]
+    a.close()
+    b.close()
+
+
+def test_placement_for_another_shard_count_is_rebalanced(tmp_path: Path) -> None:
+    four = Placement(str(tmp_path), 4)
+    for i in range(8):
+        four.owner(f"t{i}")
+    four.close()
+    two = Placement(str(tmp_path), 2)
+    two.rebalance_at_start()
+    assert sorted(two.owners.values()) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert len(two.owners) == 8
+    two.close()
+
+
+def test_control_channel_carries_requests_big_payloads_and_fds() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        got: list[tuple[dict[str, Any], bytes, list[int]]] = []
+        second = asyncio.Event()
+
+        def server(chan: ControlChannel, msg: dict[str, Any], payload: bytes, fds: list[int]) -> None:
+            got.append((msg, payload, fds))
+            if len(got) == 2:
+                second.set()
+            if msg["op"] == "echo":
+                chan.reply(msg, {"n": len(payload)}, payload[::-1])
+
+        a, b = channel_pair()
+        left = ControlChannel(a, lambda *args: None, "left")
+        right = ControlChannel(b, server, "right")
+        left.start(loop)
+        right.start(loop)
+        big = os.urandom(5 * CHUNK + 17)
+        reply, payload, _ = await left.call({"op": "echo"}, big)
+        assert reply["n"] == len(big) and payload == big[::-1]
+        r, w = os.pipe()
+        left.send({"op": "fd"}, b"x", [w])
+        os.close(w)  # the channel sent its own duplicate
+        await asyncio.wait_for(second.wait(), 5)
+        msg, data, fds = got[1]
+        assert msg == {"op": "fd"} and data == b"x" and len(fds) == 1
+        os.write(fds[0], b"through")
+        os.close(fds[0])
+        assert os.read(r, 16) == b"through"
+        os.close(r)
+        closed = loop.create_future()
+        left.on_close = lambda chan: closed.set_result(True)
+        right.close()
+        await asyncio.wait_for(closed, 5)
+        with pytest.raises(ConnectionError):
+            left.send({"op": "late"})
+
+    run_async(main())
+
+
+def _greeting(data: bytes) -> tuple[Greeting, list[tuple[str, Any]]]:
+    g = Greeting(NsqdOptions(), ("10.0.0.1", 5555))
+    g.buf = data
+    steps = []
+    while True:
+        step = g.step()
+        steps.append(step)
+        if step[0] != "reply":
+            return g, steps
+
+
+def test_greeting_answers_identify_and_routes_on_sub() -> None:
+    identify = encode_identify(orjson.dumps({"client_id": "c", "heartbeat_interval": 5000}))
+    g, steps = _greeting(MAGIC_V2 + identify + b"NOP\nSUB orders ch\nRDY 5\n")
+    assert steps[0][0] == "reply" and steps[-1] == ("route", "orders")
+    assert g.buf == b"SUB orders ch\nRDY 5\n"
+    state = g.state()
+    assert state["magic"] and state["remote"] == "10.0.0.1:5555"
+    assert state["settings"]["client_id"] == "c" and state["settings"]["heartbeat_interval"] == 5000 * 10**6
+
+
+@pytest.mark.parametrize(("data", "decision"), [
+    (MAGIC_V2[:2], ("need", None)),
+    (b"  V1", ("any", None)),
+    (MAGIC_V2 + b"IDENTIFY\n\x00\x00", ("need", None)),
+    (MAGIC_V2 + encode_identify(b'{"snappy":true}'), ("any", None)),  # a shard negotiates
+    (MAGIC_V2 + encode_identify(b'{"heartbeat_interval":1}'), ("any", None)),  # error: a shard says it
+    (MAGIC_V2 + b"RDY 1\n", ("any", None)),
+    (MAGIC_V2 + encode_pub("t", b"x"), ("route", "t")),
+    (MAGIC_V2 + b"PUB bad$name\n", ("any", None)),
+])
+def test_greeting_decisions(data: bytes, decision: tuple[str, Any]) -> None:
+    g, steps = _greeting(data)
+    assert steps[-1] == decision
+    if decision[0] == "any" and data.startswith(MAGIC_V2):
+        assert g.buf == data[4:]  # a shard sees the whole undecided command
+
+
+def test_unparsed_bytes_round_trip_through_a_new_parser() -> None:
+    stream = b"SUB t c\nRDY 3\n" + encode_mpub("t", [b"a", b"bc"]) + encode_pub("t", b"xyz")
+    cut = len(stream) - 2
+    parser = CommandParser()
+    events = parser.feed(stream[:cut])
+    assert [e[0] for e in events] == [b"SUB", b"RDY", b"MPUB"]  # type: ignore[index]
+    rest = b"".join(encode_command(*e) for e in events[1:]) + parser.unparsed()  # type: ignore[misc]
+    again = CommandParser().feed(rest + stream[cut:])
+    assert again == [*events[1:], (b"PUB", [b"PUB", b"t"], b"xyz")]
+
+
+def test_cross_shard_batch_codec() -> None:
+    data = encode_batch("topic", [b"r1", b"record2"], 9, 1234)
+    assert decode_batch(data) == ("topic", [b"r1", b"record2"], 9, 1234)
+    assert decode_batch(encode_batch("t", [], 0, 0)) == ("t", [], 0, 0)
+    with pytest.raises(ValueError):
+        decode_batch(data + b"x")
+
+
+def _doc(topics: list[dict[str, Any]], producers: list[Any] | None, health: str = "OK") -> dict[str, Any]:
+    return {"version": "1.3.0", "health": health, "start_time": 100, "topics": topics,
+            "memory": {"heap_objects": 1, "gc_total_runs": 2}, "producers": producers,
+            "shard_counters": {"handoffs": 1, "cross_shard_sent": 5}}
+
+
+def _topic(name: str, channels: list[dict[str, Any]], count: int) -> dict[str, Any]:
+    return {"topic_name": name, "channels": channels, "depth": 1, "backend_depth": 0,
+            "message_count": count, "message_bytes": count, "paused": False,
+            "e2e_processing_latency": {"count": 0, "percentiles": None}}
+
+
+def _channel(name: str, count: int) -> dict[str, Any]:
+    keys = ("depth", "backend_depth", "in_flight_count", "deferred_count", "requeue_count",
+            "timeout_count", "client_count")
+    return {"channel_name": name, **dict.fromkeys(keys, 1), "message_count": count, "clients": [],
+            "paused": False, "e2e_processing_latency": {"count": 0, "percentiles": None}}
+
+
+def test_merge_stats_is_one_node_in_the_single_node_shape() -> None:
+    a = _doc([_topic("b", [_channel("c", 2)], 2)], [{"remote_address": "x"}])
+    b = _doc([_topic("a", [], 3), _topic("b", [_channel("c", 1), _channel("d", 4)], 1)], None, "NOK - disk")
+    doc = merge_stats([a, b], {"shards": 2})
+    assert list(doc) == ["version", "health", "start_time", "topics", "memory", "producers", "supervisor"]
+    assert [t["topic_name"] for t in doc["topics"]] == ["a", "b"]
+    merged = doc["topics"][1]
+    assert merged["message_count"] == 3
+    assert [(c["channel_name"], c["message_count"]) for c in merged["channels"]] == [("c", 3), ("d", 4)]
+    assert doc["health"] == "NOK - disk" and doc["producers"] == [{"remote_address": "x"}]
+    assert doc["memory"] == {"heap_objects": 2, "gc_total_runs": 4}
+    assert doc["supervisor"] == {"shards": 2, "handoffs": 2, "cross_shard_sent": 10}
+
