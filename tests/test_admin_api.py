@@ -156,7 +156,8 @@ def test_create_and_delete_reach_every_lookupd_and_producer(nsq: Cluster, admin:
     notes.wait("create_channel", "fresh", "first")
     inactive = ok(httpx.get(admin.http_url + "/api/topics", params={"inactive": "true"}))
     assert inactive["topics"]["fresh"] == ["first"]
-    for body, code in (({"topic": "bad name!"}, "INVALID_TOPIC"), ({"topic": "ok", "channel": "b@d"}, "INVALID_CHANNEL")):
+    for body, code in (({"topic": "bad name!"}, "INVALID_TOPIC"),
+                       ({"topic": "ok", "channel": "b@d"}, "INVALID_CHANNEL")):
         r = api(admin, "POST", "/api/topics", body)
         assert r.status_code == 400 and r.json() == {"message": code}
 

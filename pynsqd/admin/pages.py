@@ -26,7 +26,7 @@ _SHELL = """<!DOCTYPE html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>nsqadmin</title>
-<link rel="icon" href="data:image/svg+xml,%3Csvg xmlns=%22http://www.w3.org/2000/svg%22 viewBox=%220 0 16 16%22%3E%3Ccircle cx=%228%22 cy=%228%22 r=%227%22 fill=%22%231a6fd8%22/%3E%3C/svg%3E">
+<link rel="icon" href="{base}static/favicon.svg" type="image/svg+xml">
 <link rel="stylesheet" href="{base}static/app.css">
 </head>
 <body>

@@ -147,7 +147,8 @@
       return '<div class="graph empty">collecting samples for ' + esc(label) + "&hellip;</div>";
     }
     var t0 = points[0][0], t1 = points[points.length - 1][0];
-    var max = Math.max.apply(null, points.map(function (p) { return p[1]; }).concat([1]));
+    var peak = Math.max.apply(null, points.map(function (p) { return p[1]; }));
+    var max = Math.max(peak, 1);
     var xy = points.map(function (p) {
       var x = P + (W - 2 * P) * (t1 > t0 ? (p[0] - t0) / (t1 - t0) : 1);
       var y = H - P - (H - 2 * P) * p[1] / max;
@@ -159,7 +160,7 @@
     return '<div class="graph"><div class="graph-head"><span>' + esc(label) + '</span><span class="now" data-stat="rate">' +
       rate(points[points.length - 1][1]) + ' msg/s</span></div><svg viewBox="0 0 ' + W + " " + H +
       '" preserveAspectRatio="none"><path class="area" d="' + area + '"/><polyline class="line" points="' +
-      xy.join(" ") + '"/></svg><div class="graph-foot"><span>−' + span + 's</span><span>peak ' + rate(max) +
+      xy.join(" ") + '"/></svg><div class="graph-foot"><span>−' + span + 's</span><span>peak ' + rate(peak) +
       ' msg/s</span><span>now</span></div></div>';
   }
   function sparkline(points) {
@@ -389,9 +390,20 @@
       Object.keys(res.stats).forEach(function (k) { total += res.stats[k].message_count; });
       var r = lastCount && now > lastCount[0] ? Math.max(0, (total - lastCount[1]) / (now - lastCount[0])) : 0;
       lastCount = [now, total];
+      var per = {};
+      Object.keys(res.stats).forEach(function (k) {
+        var s = res.stats[k], key = s.topic_name + "/" + s.channel_name;
+        per[key] = (per[key] || 0) + s.message_count;
+      });
+      var rows = Object.keys(per).sort().map(function (k) {
+        return '<tr data-channel="' + esc(k) + '"><td>' + esc(k) + "</td>" + stat("message_count", per[k]) +
+          '<td class="bar-cell"><div class="share" style="width:' + (total ? (100 * per[k] / total).toFixed(1) : 0) +
+          '%"></div></td></tr>';
+      });
       return '<div class="counter"><div class="big" data-stat="total" data-value="' + total + '">' + num(total) +
         '</div><div class="muted">messages processed</div><div class="rate" data-stat="rate">' + rate(r) +
-        " msg/s</div></div>";
+        " msg/s</div></div>" + (rows.length ? '<table class="grid"><thead><tr><th>Topic / channel</th>' +
+        "<th>Messages</th><th>Share</th></tr></thead><tbody>" + rows.join("") + "</tbody></table>" : "");
     }
   };
 
@@ -426,6 +438,18 @@
     }
   };
 
+  // Numeric columns are right-aligned; their headers follow the first row's cells.
+  function alignHeaders(root) {
+    root.querySelectorAll("table.grid").forEach(function (table) {
+      var row = table.querySelector("tbody tr");
+      if (!row) return;
+      table.querySelectorAll("thead th").forEach(function (th, i) {
+        var td = row.children[i];
+        th.classList.toggle("n", !!td && td.classList.contains("n"));
+      });
+    });
+  }
+
   // --- routing and refresh --------------------------------------------------------------
   function parse() {
     var rest = location.pathname.slice(BASE.length).replace(/\/+$/, "");
@@ -442,7 +466,10 @@
     if (modalOpen) return;
     page.load(params).then(function (data) {
       var live = document.getElementById("live");
-      if (live && !modalOpen) live.innerHTML = page.render(data, params);
+      if (live && !modalOpen) {
+        live.innerHTML = page.render(data, params);
+        alignHeaders(main);
+      }
       document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
     }, function (err) {
       showWarnings([err.message]);
