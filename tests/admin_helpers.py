@@ -155,3 +155,33 @@ def cluster(tmp: Path) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+class Graphite:
+    """A stand-in for graphite's ``/render`` (graphite itself is not installable here): an
+    HTTP server answering every render with one data point, keeping the queries asked."""
+
+    def __init__(self, value: float) -> None:
+        self.queries: list[str] = []
+        queries = self.queries
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                queries.append(self.path)
+                body = json.dumps([{"target": "t", "datapoints": [[value, 1700000000]]}]).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.admin_helpers import Cluster, Notifications, addr, cluster, free_port
+from tests.admin_helpers import Cluster, Graphite, Notifications, addr, cluster, free_port
 from tests.harness import Daemon, wait_for
 from tests.rawclient import RawClient
 
@@ -232,6 +232,34 @@ def test_routes_errors_config_and_compression(nsq: Cluster, admin: Daemon) -> No
     assert httpx.get(admin.http_url + "/config/nope").json() == {"message": "INVALID_OPTION"}
     graphite = httpx.get(admin.http_url + "/api/graphite", params={"metric": "nope"})
     assert graphite.status_code == 400 and graphite.json() == {"message": "INVALID_ARG_METRIC"}
+
+
+def test_config_put_swaps_the_lookupds_live(nsq: Cluster, admin: Daemon) -> None:
+    url = admin.http_url + "/config/nsqlookupd_http_addresses"
+    only_first = [addr(nsq.lookupds[0])]
+    assert ok(httpx.put(url, content=b'["%s"]' % only_first[0].encode())) == only_first
+    assert ok(httpx.get(url)) == only_first
+    assert ok(httpx.get(admin.http_url + "/api/nodes"))["message"] == ""
+    assert httpx.put(url, content=b"not json").json() == {"message": "INVALID_VALUE"}
+    assert httpx.put(url, content=b"").status_code == 413
+    everyone = [addr(d) for d in nsq.lookupds]
+    assert ok(httpx.put(url, json=everyone)) == everyone
+
+
+def test_graphite_rate_and_render_proxy(nsq: Cluster) -> None:
+    graphite = Graphite(120.0)
+    try:
+        g = nsq.admin(f"--graphite-url={graphite.url}", "--proxy-graphite", "--statsd-interval=60s")
+        r = ok(httpx.get(g.http_url + "/api/graphite", params={"metric": "rate", "target": "nsq.*.topic.a"}))
+        assert r == {"rate": "2.00"}
+        asked = graphite.queries[-1]
+        assert asked.startswith("/render?") and "from=-120sec" in asked and "until=-60sec" in asked
+        proxied = httpx.get(g.http_url + "/render", params={"target": "x", "format": "json"})
+        assert proxied.status_code == 200 and proxied.json()[0]["datapoints"] == [[120.0, 1700000000]]
+        assert "target=x" in graphite.queries[-1]
+        assert f'"graphite_url":"{graphite.url}"' in httpx.get(g.http_url + "/topics/a").text
+    finally:
+        graphite.close()
 
 
 def test_acl_base_path_and_config_cidr(nsq: Cluster) -> None:
