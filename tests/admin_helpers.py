@@ -185,3 +185,46 @@ class Graphite:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class AuthProxy:
+    """A small reverse proxy in front of nsqadmin, as operators deploy it: it forwards every
+    request unchanged (path included, so nsqadmin runs at a ``--base-path``) and adds the
+    header that names the authenticated user, as an auth proxy would."""
+
+    def __init__(self, upstream: str, header: str, user: str) -> None:
+        client = httpx.Client(base_url=upstream, timeout=30)
+        self.client = client
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = self.rfile.read(length) if length else b""
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("host", "content-length", "accept-encoding", header.lower())}
+                headers[header] = user
+                headers["Accept-Encoding"] = "identity"
+                upstream = client.request(self.command, self.path, content=body, headers=headers)
+                self.send_response(upstream.status_code)
+                for key in ("content-type", "location", "x-nsq-content-type"):
+                    if key in upstream.headers:
+                        self.send_header(key, upstream.headers[key])
+                self.send_header("Content-Length", str(len(upstream.content)))
+                self.end_headers()
+                self.wfile.write(upstream.content)
+
+            do_GET = do_POST = do_DELETE = do_PUT = _forward
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.client.close()

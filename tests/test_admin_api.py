@@ -3,6 +3,7 @@ action and its effect on the nodes, the notification POST, ACL denials, unreacha
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -262,6 +263,19 @@ def test_graphite_rate_and_render_proxy(nsq: Cluster) -> None:
         graphite.close()
 
 
+def test_config_file_and_dev_static_dir(nsq: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "app.js").write_text("/* edited live */")
+    config = tmp_path / "nsqadmin.toml"
+    lookupds = ", ".join(f'"{addr(d)}"' for d in nsq.lookupds)
+    config.write_text(f'nsqlookupd_http_addresses = [{lookupds}]\nadmin_users = ["ops"]\n'
+                      f'dev_static_dir = "{tmp_path}"\n')
+    a = nsq.admin(f"--config={config}", lookupds=[])
+    assert ok(httpx.get(a.http_url + "/config/nsqlookupd_http_addresses")) == [addr(d) for d in nsq.lookupds]
+    assert ok(httpx.get(a.http_url + "/config/admin_users")) == ["ops"]
+    assert httpx.get(a.http_url + "/static/app.js").text == "/* edited live */"
+    assert httpx.post(a.http_url + "/api/topics", json={"topic": "x"}).status_code == 403
+
+
 def test_acl_base_path_and_config_cidr(nsq: Cluster) -> None:
     guarded = nsq.admin("--admin-user=alice", "--admin-user=carol", "--acl-http-header=X-User",
                         "--base-path=/ops/", "--allow-config-from-cidr=10.0.0.0/8")
@@ -302,6 +316,14 @@ def test_unreachable_nodes_are_reported_not_fatal(nsq: Cluster, tmp_path: Path) 
     r = httpx.get(gone.http_url + "/api/topics")
     assert r.status_code == 502 and r.json()["message"].startswith("UPSTREAM_ERROR: ") and dead in r.json()["message"]
     assert httpx.post(gone.http_url + "/api/topics", json={"topic": "x"}).status_code == 502
+
+    with socket.socket() as hung:  # accepts connections (kernel backlog) but never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        silent = f"127.0.0.1:{hung.getsockname()[1]}"
+        slow = nsq.admin("--http-client-request-timeout=300ms", lookupds=[addr(nsq.lookupds[0]), silent])
+        r = ok(httpx.get(slow.http_url + "/api/topics"))
+        assert "survive" in r["topics"] and r["message"].startswith("WARNING: ") and "timeout" in r["message"]
 
     direct = nsq.admin(f"--nsqd-http-address={addr(nsq.nsqds[0])}", f"--nsqd-http-address={dead}")
     t = ok(httpx.get(direct.http_url + "/api/topics/survive"))

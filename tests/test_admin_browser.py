@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.admin_helpers import Cluster, addr, cluster
+from tests.admin_helpers import AuthProxy, Cluster, addr, cluster
 from tests.harness import Daemon, scaled, wait_for
 from tests.rawclient import RawClient
 
@@ -105,6 +105,12 @@ def test_every_page_shows_the_numbers_of_stats(nsq: Cluster, admin: Daemon, page
                 assert shown(page, f'tr[data-node="{addr(nsqd)}"] [data-stat="{key}"]') == c[key], key
         assert shown(page, 'tfoot [data-stat="message_count"]') == 15
         shot(page, "channel")
+
+        open_page(page, f"{base}/topics/shop")
+        for nsqd in nsq.nsqds:  # a topic's in-flight count is its channels' on that node
+            expected = sum(c["in_flight_count"] for c in nsq.topic_stats(nsqd, "shop")["channels"])
+            assert shown(page, f'tr[data-node="{addr(nsqd)}"] [data-stat="in_flight_count"]') == expected
+        assert shown(page, 'tfoot [data-stat="in_flight_count"]') == 1
 
     open_page(page, f"{base}/topics/shop")
     for nsqd in nsq.nsqds:
@@ -233,15 +239,30 @@ def test_live_counter_and_rate_graph_move_while_a_producer_runs(nsq: Cluster, ad
         producer.join()
 
 
-def test_works_at_a_base_path_and_hides_actions_from_non_admins(nsq: Cluster, page: Any) -> None:
+def test_behind_an_auth_proxy_at_a_base_path(nsq: Cluster, page: Any) -> None:
     nsq.seed("behind", ("proxy",), (2, 3))
-    guarded = nsq.admin("--base-path=/nsq", "--admin-user=alice")
-    open_page(page, f"{guarded.http_url}/nsq/topics/behind")
-    assert shown(page, '.cards [data-stat="message_count"]') == 5
-    assert page.locator("button[data-action]").count() == 0
-    assert page.locator('a[data-nav="nodes"]').get_attribute("href") == "/nsq/nodes"
-    page.click('tr[data-channel="proxy"] a')
-    page.wait_for_url(f"{guarded.http_url}/nsq/topics/behind/proxy")
-    page.wait_for_function("Number(document.body.dataset.loaded || 0) >= 1")
-    assert shown(page, 'tfoot [data-stat="depth"]') == 5
-    shot(page, "base-path")
+    guarded = nsq.admin("--base-path=/nsq", "--admin-user=alice", "--acl-http-header=X-Forwarded-User")
+    proxy = AuthProxy(guarded.http_url, "X-Forwarded-User", "alice")
+    try:
+        # Straight to nsqadmin, nobody is named: the numbers show, the actions do not.
+        open_page(page, f"{guarded.http_url}/nsq/topics/behind")
+        assert shown(page, '.cards [data-stat="message_count"]') == 5
+        assert page.locator("button[data-action]").count() == 0
+        shot(page, "not-admin")
+
+        # Through the proxy, alice is named: links stay under /nsq and the actions work.
+        open_page(page, f"{proxy.url}/nsq/topics/behind")
+        assert page.locator('a[data-nav="nodes"]').get_attribute("href") == "/nsq/nodes"
+        page.click('tr[data-channel="proxy"] a')
+        page.wait_for_url(f"{proxy.url}/nsq/topics/behind/proxy")
+        page.wait_for_function("Number(document.body.dataset.loaded || 0) >= 1")
+        assert shown(page, 'tfoot [data-stat="depth"]') == 5
+        confirm(page, '#buttons button[data-action="pause"]')
+        wait_for(lambda: all(nsq.channel_stats(n, "behind", "proxy")["paused"] for n in nsq.nsqds), 10,
+                 what="channel paused through the proxy")
+        wait_for(lambda: page.locator('#buttons button[data-action="unpause"]').count() == 1, 10, interval=0.1,
+                 what="the Unpause button")
+        assert page.locator("#state .badge.paused").count() == 1
+        shot(page, "base-path-proxy")
+    finally:
+        proxy.close()

@@ -215,7 +215,7 @@
     nav: "topics",
     frame: function (p) {
       return '<div class="crumbs"><a href="' + url("topics") + '">Topics</a> / </div>' +
-        '<div class="head"><h1>' + esc(p.topic) + '</h1><div id="buttons"></div></div>' +
+        '<div class="head"><h1>' + esc(p.topic) + '</h1><span id="state"></span><div id="buttons"></div></div>' +
         '<div id="graph"></div>' + graphite(p.topic) + '<div id="live"></div>';
     },
     load: function (p) { return Promise.all([api("topics/" + enc(p.topic)), api("rates?topic=" + enc(p.topic))]); },
@@ -223,14 +223,22 @@
       var t = res[0], rates = res[1];
       showWarnings([t.message]);
       document.getElementById("buttons").innerHTML = actionButtons(p.topic, "", t.paused);
+      document.getElementById("state").innerHTML = badge(t.paused);
       document.getElementById("graph").innerHTML = graph(rates.topic, "messages published per second");
+      var EXTRA = ["in_flight_count", "deferred_count", "requeue_count", "timeout_count"];
+      function channelSums(channels) {  // a topic's in-flight, deferred, ... are its channels' sums
+        return EXTRA.map(function (k) {
+          var v = (channels || []).reduce(function (acc, c) { return acc + c[k]; }, 0);
+          return stat(k, v);
+        }).join("");
+      }
       var nodes = (t.nodes || []).map(function (n) {
         var tomb = CFG.is_admin ? '<button class="btn small" data-action="tombstone" data-topic="' + esc(p.topic) +
           '" data-node="' + esc(n.node) + '">Tombstone</button>' : "";
         return '<tr data-node="' + esc(n.node) + '"><td><a href="' + url("nodes/" + enc(n.node)) + '">' +
           esc(n.hostname || n.node) + '</a> <span class="muted">' + esc(n.node) + "</span>" + badge(n.paused) +
           "</td>" + stat("depth", n.depth) + stat("memory_depth", n.memory_depth) +
-          stat("backend_depth", n.backend_depth) + stat("message_count", n.message_count) +
+          stat("backend_depth", n.backend_depth) + channelSums(n.channels) + stat("message_count", n.message_count) +
           '<td class="lat">' + latency(n.e2e_processing_latency) + "</td><td>" + tomb + "</td></tr>";
       });
       var channels = (t.channels || []).map(function (c) {
@@ -247,10 +255,11 @@
         card("On disk", t.backend_depth, "backend_depth") + card("Messages", t.message_count, "message_count") +
         card("Channels", (t.channels || []).length, "channels") + "</div>" +
         "<h2>Nodes</h2><table class=\"grid\"><thead><tr><th>Node</th><th>Depth</th><th>Memory</th><th>Disk</th>" +
+        "<th>In flight</th><th>Deferred</th><th>Requeued</th><th>Timed out</th>" +
         "<th>Messages</th><th>E2E latency</th><th></th></tr></thead><tbody>" +
-        (nodes.join("") || '<tr><td colspan="7" class="muted">no producers</td></tr>') +
+        (nodes.join("") || '<tr><td colspan="11" class="muted">no producers</td></tr>') +
         '</tbody><tfoot><tr data-node="*"><td>Total</td>' + stat("depth", t.depth) +
-        stat("memory_depth", t.memory_depth) + stat("backend_depth", t.backend_depth) +
+        stat("memory_depth", t.memory_depth) + stat("backend_depth", t.backend_depth) + channelSums(t.channels) +
         stat("message_count", t.message_count) + '<td class="lat">' + latency(t.e2e_processing_latency) +
         "</td><td></td></tr></tfoot></table>" +
         "<h2>Channels</h2><table class=\"grid\"><thead><tr><th>Channel</th><th>Depth</th><th>Memory</th><th>Disk</th>" +
@@ -265,7 +274,7 @@
     frame: function (p) {
       return '<div class="crumbs"><a href="' + url("topics") + '">Topics</a> / <a href="' +
         url("topics/" + enc(p.topic)) + '">' + esc(p.topic) + "</a> / </div>" +
-        '<div class="head"><h1>' + esc(p.channel) + '</h1><div id="buttons"></div></div>' +
+        '<div class="head"><h1>' + esc(p.channel) + '</h1><span id="state"></span><div id="buttons"></div></div>' +
         '<div id="graph"></div>' + graphite(p.topic, p.channel) + '<div id="live"></div>';
     },
     load: function (p) {
@@ -275,6 +284,7 @@
       var c = res[0], rates = res[1];
       showWarnings([c.message]);
       document.getElementById("buttons").innerHTML = actionButtons(p.topic, p.channel, c.paused);
+      document.getElementById("state").innerHTML = badge(c.paused);
       document.getElementById("graph").innerHTML = graph((rates.channels || {})[p.channel],
         "messages delivered per second");
       var nodes = (c.nodes || []).map(function (n) {
