@@ -17,14 +17,34 @@ import httpx
 from tests.harness import Daemon, wait_for
 
 
-class Notifications:
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that does not log every request to stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class LocalServer:
+    """A threaded HTTP server on a free loopback port, serving ``handler`` until ``close``."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Notifications(LocalServer):
     """An HTTP server on a free port that keeps every JSON body POSTed to it."""
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
         received = self.bodies
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 received.append(json.loads(self.rfile.read(length)))
@@ -32,23 +52,14 @@ class Notifications:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/notify"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        super().__init__(Handler)
+        self.url += "/notify"
 
     def wait(self, action: str, topic: str, channel: str = "") -> dict[str, Any]:
         def found() -> dict[str, Any] | None:
             return next((b for b in self.bodies if b["action"] == action and b["topic"] == topic
                          and b.get("channel", "") == channel), None)
         return dict(wait_for(found, 5, what=f"notification {action} {topic} {channel}"))
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def free_port() -> int:
@@ -157,7 +168,7 @@ def cluster(tmp: Path) -> Iterator[Cluster]:
         c.stop()
 
 
-class Graphite:
+class Graphite(LocalServer):
     """A stand-in for graphite's ``/render`` (graphite itself is not installable here): an
     HTTP server answering every render with one data point, keeping the queries asked."""
 
@@ -165,7 +176,7 @@ class Graphite:
         self.queries: list[str] = []
         queries = self.queries
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 queries.append(self.path)
                 body = json.dumps([{"target": "t", "datapoints": [[value, 1700000000]]}]).encode()
@@ -175,19 +186,10 @@ class Graphite:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
-class AuthProxy:
+class AuthProxy(LocalServer):
     """A small reverse proxy in front of nsqadmin, as operators deploy it: it forwards every
     request unchanged (path included, so nsqadmin runs at a ``--base-path``) and adds the
     header that names the authenticated user, as an auth proxy would."""
@@ -196,7 +198,7 @@ class AuthProxy:
         client = httpx.Client(base_url=upstream, timeout=30)
         self.client = client
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def _forward(self) -> None:
@@ -217,14 +219,8 @@ class AuthProxy:
 
             do_GET = do_POST = do_DELETE = do_PUT = _forward
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(Handler)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().close()
         self.client.close()
