@@ -116,7 +116,7 @@ def test_pause_unpause_empty_reach_every_producer_and_notify(nsq: Cluster, admin
     assert ok(api(admin, "POST", "/api/topics/jobs", {"action": "pause"})) == {"message": ""}
     assert all(nsq.topic_stats(n, "jobs")["paused"] for n in nsq.nsqds)
     note = notes.wait("pause_topic", "jobs")
-    assert note["via"] and note["url"].endswith("/api/topics/jobs") and note["remote_ip"] == "127.0.0.1"
+    assert note["via"] and note["url"] == "/api/topics/jobs" and note["remote_ip"] == "127.0.0.1"
     assert isinstance(note["timestamp"], int) and "channel" not in note
     ok(api(admin, "POST", "/api/topics/jobs", {"action": "unpause"}))
     assert not any(nsq.topic_stats(n, "jobs")["paused"] for n in nsq.nsqds)

@@ -20,6 +20,7 @@ Beyond NSQ: ``GET /api/rates`` serves nsqadmin's own sampled message rates (see
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import re
 from collections.abc import Awaitable, Callable
@@ -174,12 +175,21 @@ class AdminHTTP:
         if request.query_params.get("inactive") == "true":
             inactive: dict[str, list[str]] = {}
             if self.cluster.lookupds:
-                for topic in topics:
-                    producers, _ = await self.cluster.topic_producers(topic)
-                    if not producers:
-                        inactive[topic], _ = await self.cluster.topic_channels(topic)
+                found = await asyncio.gather(*(self._inactive_channels(t) for t in topics))
+                inactive = {t: channels for t, channels in zip(topics, found) if channels is not None}
             return {"topics": inactive, "message": warn(messages)}
         return {"topics": topics, "message": warn(messages)}
+
+    async def _inactive_channels(self, topic: str) -> list[str] | None:
+        """The channels of ``topic`` if no producer holds it (nsqadmin's "inactive"), else None."""
+        try:
+            producers, _ = await self.cluster.topic_producers(topic)
+            if producers:
+                return None
+            channels, _ = await self.cluster.topic_channels(topic)
+        except AllFailed:
+            return None
+        return channels
 
     async def topic(self, request: Request, params: dict[str, str]) -> Any:
         topic = params["topic"]

@@ -106,7 +106,7 @@ class AdminNode:
         if user:
             body["user"] = user
         body.update({"remote_ip": request.client.host if request.client else "",
-                     "user_agent": request.headers.get("user-agent", ""), "url": str(request.url),
+                     "user_agent": request.headers.get("user-agent", ""), "url": _request_uri(request),
                      "via": self.hostname})
         task = asyncio.create_task(self._post(endpoint, body))
         self._notifications.add(task)
@@ -119,6 +119,12 @@ class AdminNode:
                 self.log.error("notification to %s failed - status %d", endpoint, response.status_code)
         except Exception as exc:
             self.log.error("notification to %s failed - %s", endpoint, exc)
+
+
+def _request_uri(request: Request) -> str:
+    """The request's path and query, as Go's server-side ``req.URL.String()`` gives them."""
+    query = request.url.query
+    return request.url.path + ("?" + query if query else "")
 
 
 def _basic_auth_user(request: Request) -> str:
