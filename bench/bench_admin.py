@@ -6,9 +6,11 @@ channels (and one message per topic), then starts nsqadmin against the lookupd a
 over keep-alive HTTP, each request a page makes: the HTML, then its /api calls. A page's
 figure is the HTML plus its API calls one after another (what a browser waits for before
 the numbers appear). Prints the median and p90 of each request in ms, per run, and the
-median over runs.
+median over runs. With ``--browser``, headless Chromium (Debian's, via Playwright) also
+loads each page and reports ``load_ms``: from navigation start until the page's numbers are
+rendered (measured inside the page; median over loads after a warm-up one).
 
-  .venv/bin/python bench/bench_admin.py --repeat 3 --requests 20
+  .venv/bin/python bench/bench_admin.py --repeat 3 --requests 20 --browser
 """
 
 from __future__ import annotations
@@ -88,10 +90,46 @@ def one_run(args: argparse.Namespace) -> Figures:
                         row[f"{name}_p90"] = statistics.quantiles(samples, n=10)[-1]
                     row["page_ms"] = sum(statistics.median(s) for s in times.values())
                     figures[page] = row
+            if args.browser:
+                for page, load_ms in browser_loads(admin.http_url, args.requests).items():
+                    figures[page]["load_ms"] = load_ms
             return figures
         finally:
             for daemon in reversed(daemons):
                 daemon.stop()
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+# Set in the page: ms from navigation start until the script first marks the numbers rendered.
+_MARK_RENDERED = """
+new MutationObserver(function () {
+  if (!window.__rendered && document.body && document.body.dataset.loaded) window.__rendered = performance.now();
+}).observe(document, {attributes: true, subtree: true});
+"""
+
+
+def browser_loads(base: str, count: int) -> dict[str, float]:
+    """Median ms from navigation start until each page shows its numbers (after one warm-up
+    load per page, as a user's second visit: assets cached, connections open)."""
+    from playwright.sync_api import sync_playwright
+    out = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.add_init_script(_MARK_RENDERED)
+        for name, calls in PAGES.items():
+            samples = []
+            for i in range(count + 1):
+                page.goto(base + calls[0][1])
+                page.wait_for_function("window.__rendered !== undefined")
+                if i:
+                    samples.append(float(page.evaluate("window.__rendered")))
+            out[name] = statistics.median(samples)
+        browser.close()
+    return out
 
 
 def main() -> None:
@@ -101,6 +139,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--requests", type=int, default=20, help="timed requests per URL per run")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--browser", action="store_true", help="also time page loads in headless Chromium")
     args = parser.parse_args()
     report(one_run, args, f"{args.topics} topics x {args.channels} channels x {args.nodes} nodes, latency in ms")
 

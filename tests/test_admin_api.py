@@ -3,6 +3,7 @@ action and its effect on the nodes, the notification POST, ACL denials, unreacha
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -215,8 +216,17 @@ def test_routes_errors_config_and_compression(nsq: Cluster, admin: Daemon) -> No
     assert httpx.get(admin.http_url + "/ping").text == "OK"
     for page in ("/", "/topics", "/topics/a", "/topics/a/b", "/nodes", "/nodes/x:1", "/counter", "/lookup"):
         r = httpx.get(admin.http_url + page)
-        assert r.status_code == 200 and "static/app.js" in r.text and r.headers["content-type"].startswith("text/html")
+        assert r.status_code == 200 and "static/app.js?v=" in r.text
+        assert r.headers["content-type"].startswith("text/html")
     assert httpx.get(admin.http_url + "/static/app.css").headers["content-type"].startswith("text/css")
+    found = re.search(r"app\.js\?v=(\w+)", httpx.get(admin.http_url + "/").text)
+    assert found is not None
+    version = found.group(1)
+    cached = httpx.get(admin.http_url + "/static/app.js", params={"v": version})
+    assert cached.headers["cache-control"] == "public, max-age=31536000, immutable"
+    assert httpx.get(admin.http_url + "/static/app.js").headers["cache-control"] == "no-cache"
+    slash = httpx.get(admin.http_url + "/topics/a/")
+    assert slash.status_code == 301 and slash.headers["location"] == "/topics/a"
     missing = httpx.get(admin.http_url + "/static/nope.js")
     assert missing.status_code == 404 and missing.json() == {"message": "NOT_FOUND"}
     assert httpx.get(admin.http_url + "/api/nothing").json() == {"message": "NOT_FOUND"}
@@ -284,7 +294,7 @@ def test_acl_base_path_and_config_cidr(nsq: Cluster) -> None:
     assert httpx.get(guarded.http_url + "/api/topics").status_code == 404
     assert "guarded" in httpx.get(base + "/api/topics").json()["topics"]
     page = httpx.get(base + "/topics/guarded").text
-    assert 'src="/ops/static/app.js"' in page and '"is_admin":false' in page
+    assert 'src="/ops/static/app.js?v=' in page and '"is_admin":false' in page
     assert '"is_admin":true' in httpx.get(base + "/", headers={"X-User": "alice"}).text
     for headers in ({}, {"X-User": "bob"}, {"X-Forwarded-User": "alice"}):
         for method, path, body in (("POST", "/api/topics/guarded", {"action": "pause"}),

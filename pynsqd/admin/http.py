@@ -21,6 +21,7 @@ Beyond NSQ: ``GET /api/rates`` serves nsqadmin's own sampled message rates (see
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import re
 from collections.abc import Awaitable, Callable
@@ -71,6 +72,7 @@ class AdminHTTP:
         self.log = node.log
         self.base = "" if self.options.base_path == "/" else self.options.base_path
         self.static_dir = Path(self.options.dev_static_dir) if self.options.dev_static_dir else None
+        self.assets = "dev" if self.static_dir else _assets_hash()
         table: list[tuple[str, str, Handler]] = [("GET", "/ping", self.ping)]
         table += [("GET", page, self.index) for page in PAGES]
         table += [
@@ -118,6 +120,12 @@ class AdminHTTP:
             response = await self._run(handler, request, m.groupdict(), path.startswith("/api/"))
             await response(scope, receive, send)
             return
+        if not allowed and method == "GET" and path.endswith("/") and len(path) > 1 \
+                and any(m == "GET" and p.match(path.rstrip("/")) for m, p, _ in self.routes):
+            query = scope.get("query_string", b"").decode("latin-1")
+            location = self.base + path.rstrip("/") + ("?" + query if query else "")
+            await Response(b"", 301, {"Location": location})(scope, receive, send)  # httprouter's
+            return
         await _error(405 if allowed else 404, "METHOD_NOT_ALLOWED" if allowed else "NOT_FOUND")(
             scope, receive, send)
 
@@ -151,7 +159,7 @@ class AdminHTTP:
         return Response("OK", 200, media_type="text/plain; charset=utf-8")
 
     async def index(self, request: Request, params: dict[str, str]) -> Response:
-        html = render_index(self.options, self.is_admin(request))
+        html = render_index(self.options, self.is_admin(request), self.assets)
         return Response(html, 200, media_type="text/html; charset=utf-8")
 
     async def static(self, request: Request, params: dict[str, str]) -> Response:
@@ -166,7 +174,9 @@ class AdminHTTP:
         except OSError:
             raise HTTPError(404, "NOT_FOUND") from None
         media = _STATIC_TYPES.get(Path(name).suffix, "application/octet-stream")
-        return Response(body, 200, {"Cache-Control": "no-cache"}, media)
+        immutable = self.static_dir is None and request.query_params.get("v") == self.assets
+        cache = "public, max-age=31536000, immutable" if immutable else "no-cache"
+        return Response(body, 200, {"Cache-Control": cache}, media)
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -374,6 +384,13 @@ class AdminHTTP:
             return config_value(self.options, opt)
         except KeyError:
             raise HTTPError(400, "INVALID_OPTION") from None
+
+
+def _assets_hash() -> str:
+    digest = hashlib.sha1()
+    for entry in sorted(resources.files("pynsqd.admin").joinpath("static").iterdir(), key=lambda e: e.name):
+        digest.update(entry.name.encode() + entry.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _error(status: int, message: str) -> Response:

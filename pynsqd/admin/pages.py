@@ -27,7 +27,7 @@ _SHELL = """<!DOCTYPE html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>nsqadmin</title>
 <link rel="icon" href="{base}static/favicon.svg" type="image/svg+xml">
-<link rel="stylesheet" href="{base}static/app.css">
+<link rel="stylesheet" href="{base}static/app.css?v={assets}">
 </head>
 <body>
 <header class="bar">
@@ -52,13 +52,15 @@ _SHELL = """<!DOCTYPE html>
   </div>
 </div>
 <script id="config" type="application/json">{config}</script>
-<script src="{base}static/app.js"></script>
+<script src="{base}static/app.js?v={assets}"></script>
 </body>
 </html>
 """
 
 
-def render_index(options: AdminOptions, is_admin: bool) -> str:
+def render_index(options: AdminOptions, is_admin: bool, assets: str) -> str:
+    """The page shell; ``assets`` is the assets' content hash, so browsers may cache them
+    for good and still fetch new ones after an upgrade."""
     base = options.base_path.rstrip("/") + "/"
     config = {
         "base": base, "version": NSQ_VERSION, "is_admin": is_admin,
@@ -72,4 +74,4 @@ def render_index(options: AdminOptions, is_admin: bool) -> str:
     # "</" cannot end the script block early: orjson escapes nothing, so do it here.
     blob = orjson.dumps(config).decode().replace("</", "<\\/")
     return _SHELL.format(base=html.escape(base), version=NSQ_VERSION, host=html.escape(socket.gethostname()),
-                         config=blob)
+                         config=blob, assets=html.escape(assets))

@@ -22,10 +22,11 @@
       return {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c];
     });
   }
-  function num(n) { return Number(n || 0).toLocaleString("en-US"); }
+  var GROUPED = new Intl.NumberFormat("en-US", {maximumFractionDigits: 0});  // one formatter: cheap per call
+  function num(n) { return GROUPED.format(Number(n || 0)); }
   function rate(r) {
     r = Number(r || 0);
-    return r < 100 ? r.toFixed(1) : Math.round(r).toLocaleString("en-US");
+    return r < 100 ? r.toFixed(1) : GROUPED.format(Math.round(r));
   }
   function duration(ns) {
     var s = Math.floor(ns / 1e9), out = "";
