@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.admin_helpers import AuthProxy, Cluster, addr, cluster
+from tests.admin_helpers import AuthProxy, Cluster, Graphite, addr, cluster
 from tests.harness import Daemon, scaled, wait_for
 from tests.rawclient import RawClient
 
@@ -266,3 +266,19 @@ def test_behind_an_auth_proxy_at_a_base_path(nsq: Cluster, page: Any) -> None:
         shot(page, "base-path-proxy")
     finally:
         proxy.close()
+
+
+def test_graphite_graphs_beside_the_sampled_ones(nsq: Cluster, page: Any) -> None:
+    nsq.seed("graphed", ("g",), (1, 1))
+    graphite = Graphite(60.0)
+    try:
+        g = nsq.admin(f"--graphite-url={graphite.url}", "--proxy-graphite")
+        open_page(page, f"{g.http_url}/topics/graphed/g")
+        src = page.locator(".graphite img").get_attribute("src")
+        assert src is not None and src.startswith("/render?")
+        assert "topic.graphed.channel.g.message_count" in httpx.URL(g.http_url + src).params["target"]
+        wait_for(lambda: any(q.startswith("/render?") and "graphed" in q for q in graphite.queries), 10,
+                 what="the browser's graphite request, through nsqadmin's /render proxy")
+        assert page.locator(".graph svg, .graph.empty").count() >= 1  # nsqadmin's own graph is still there
+    finally:
+        graphite.close()
