@@ -284,6 +284,7 @@ def test_config_file_and_dev_static_dir(nsq: Cluster, tmp_path: Path) -> None:
     assert ok(httpx.get(a.http_url + "/config/admin_users")) == ["ops"]
     assert httpx.get(a.http_url + "/static/app.js").text == "/* edited live */"
     assert httpx.post(a.http_url + "/api/topics", json={"topic": "x"}).status_code == 403
+    assert a.stop() == 0 and "nsqadmin exited" in a.output  # SIGTERM: a clean shutdown
 
 
 def test_acl_base_path_and_config_cidr(nsq: Cluster) -> None:

@@ -263,8 +263,15 @@ def _reason(exc: httpx.HTTPError) -> str:
         return "connect timeout"
     if isinstance(exc, httpx.TimeoutException):
         return "request timeout"
-    cause = exc.__cause__ or exc.__context__
-    text = str(exc) or (str(cause) if cause else "") or type(exc).__name__
+    cause: BaseException | None = exc
+    while cause is not None:  # the OS's reason ("Connection refused") beats httpx's summary
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+        if isinstance(cause, ExceptionGroup) and cause.exceptions:
+            cause = cause.exceptions[0]
+            continue
+        cause = cause.__cause__ or cause.__context__
+    text = str(exc) or type(exc).__name__
     return text.splitlines()[0]
 
 

@@ -55,8 +55,9 @@ class Sampler:
             stats, more = await self.cluster.producer_stats(producers, include_clients=False) \
                 if producers else ([], [])
         except AllFailed as exc:
+            if str(exc) != self.warning:  # once per change, not once per interval
+                self.log.warning("sampling /stats failed: %s", exc)
             self.warning = str(exc)
-            self.log.warning("sampling /stats failed: %s", exc)
             return
         except Exception:  # an upstream answering nonsense must not stop the graphs
             self.log.exception("sampling /stats failed")
