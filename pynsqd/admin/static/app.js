@@ -340,13 +340,15 @@
       showWarnings([res.message]);
       var rows = res.nodes.map(function (n) {
         var address = n.broadcast_address + ":" + n.http_port;
-        var dead = n.topics.filter(function (t) { return t.tombstoned; }).length;
+        var chips = n.topics.map(function (t) {
+          return '<a class="chip' + (t.tombstoned ? ' dead" title="tombstoned' : "") + '" href="' +
+            url("topics/" + enc(t.topic)) + '">' + esc(t.topic) + "</a>";
+        }).join(" ");
         return '<tr data-node="' + esc(address) + '"><td><a href="' + url("nodes/" + enc(address)) + '">' +
           esc(n.hostname) + "</a></td><td>" + esc(n.broadcast_address) + "</td>" + stat("tcp_port", n.tcp_port, n.tcp_port) +
           stat("http_port", n.http_port, n.http_port) + "<td>" + esc(n.version) +
           (n.out_of_date ? ' <span class="badge paused">out of date</span>' : "") + "</td>" +
-          stat("topics", n.topics.length) + "<td>" + (dead ? '<span class="badge">' + dead + " tombstoned</span>" : "") +
-          "</td></tr>";
+          stat("topics", n.topics.length) + '<td class="chips">' + chips + "</td></tr>";
       });
       return '<table class="grid"><thead><tr><th>Hostname</th><th>Broadcast address</th><th>TCP port</th>' +
         "<th>HTTP port</th><th>Version</th><th>Topics</th><th></th></tr></thead><tbody>" +
