@@ -319,8 +319,16 @@ class Consumer:
 
     def _backoff_timer_fired(self) -> None:
         self._backoff_timer = None
-        if not self._stopping:
-            self._backoff_action(self.backoff.on_timer(self._loop.time()))
+        if self._stopping:
+            return
+        now = self._loop.time()
+        action = self.backoff.on_timer(now)
+        if action is None and self.backoff.deadline is not None:
+            # the loop's timers may fire a little early (libuv rounds to ms): wait the rest
+            self._backoff_timer = self._loop.call_later(max(0.001, self.backoff.deadline - now),
+                                                        self._backoff_timer_fired)
+            return
+        self._backoff_action(action)
 
     # --- messages ---------------------------------------------------------------------------
     def _on_message(self, conn: _Conn, raw: RawMessage) -> None:
