@@ -359,6 +359,10 @@ class Consumer:
         except Exception:
             log.exception("handler failed for %r", msg)
             result = False
+        if result is None or result is True:  # the common case, without inspect
+            if not msg.responded and msg.auto_response:
+                msg.finish()
+            return
         if inspect.isawaitable(result):
             task = asyncio.ensure_future(self._await_result(msg, result))
             self._handler_tasks.add(task)
