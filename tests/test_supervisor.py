@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from pynsqd.shm.segment import list_segments
-from pynsqd.wire.commands import encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub
+from pynsqd.wire.commands import encode_mpub, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE
+from tests.certs import Certs
 from tests.conftest import run_async
 from tests.harness import Daemon, scaled, wait_for
 from tests.nodeclient import Consumer, Producer
@@ -235,19 +236,52 @@ def _owner_after_create(nsqd: Daemon, tmp_path: Path, topic: str) -> int:
     return owners(tmp_path)[topic]
 
 
-def test_a_connection_that_asks_for_compression_is_served_by_a_shard(node: NodeFactory) -> None:
-    nsqd = node("--shards=2")
+def _upgraded(c: RawClient, certs: Certs, tls: bool, compression: str) -> None:
+    fields: dict[str, Any] = {"tls_v1": tls}
+    if compression:
+        fields[compression] = True
+    c.identify(**fields)
+    if tls:
+        c.start_tls(certs.client_context())
+        c.expect_ok()
+    if compression:
+        c.start_compression(compression)
+        c.expect_ok()
+
+
+@pytest.mark.parametrize("upgrade", ["snappy", "deflate", "tls", "tls+snappy", "tls+deflate"])
+def test_an_upgraded_connection_is_relayed_through_its_codec(node: NodeFactory, certs: Certs, tmp_path: Path,
+                                                             upgrade: str) -> None:
+    """TLS/compression are negotiated on the shard that got the IDENTIFY (round robin); a
+    SUB to a topic another shard owns is relayed, the codec between the client socket and
+    the pump: PUB, SUB, messages, FIN and stats all work through it."""
+    nsqd = node("--shards=2", *certs.server_args())
+    tls = upgrade.startswith("tls")
+    compression = upgrade.rpartition("+")[2] if upgrade != "tls" else ""
     with RawClient(nsqd.tcp) as c:
-        c.send(encode_identify(b'{"snappy":true,"feature_negotiation":true}'))
-        kind, data = c.read_frame()
-        assert kind == FRAME_RESPONSE and json.loads(data)["max_rdy_count"] == 2500
-        for i in range(6):  # topics on both shards: some subscribe through a relay
+        _upgraded(c, certs, tls, compression)
+        for i in range(6):
             c.send(encode_pub(f"z{i}", b"x"))
-            assert c.read_frame() == (FRAME_RESPONSE, b"OK")
-        c.send(encode_sub("z5", "c") + encode_rdy(1))
-        assert c.read_frame() == (FRAME_RESPONSE, b"OK")
-        kind, data = c.read_frame()
-        assert kind == FRAME_MESSAGE and Message(data).body == b"x"
+            c.expect_ok()
+    owner = {t: s for t, s in owners(tmp_path).items() if t.startswith("z")}
+    by_shard = [next(t for t in sorted(owner) if owner[t] == shard) for shard in (0, 1)]
+    assert len(set(by_shard)) == 2
+    # connections land on the shards in turn: t0, t0, t1, t1 relays two of the four SUBs
+    for topic in (by_shard[0], by_shard[0], by_shard[1], by_shard[1]):
+        with RawClient(nsqd.tcp) as c:
+            _upgraded(c, certs, tls, compression)
+            c.send(encode_sub(topic, "c") + encode_rdy(1))
+            c.expect_ok()
+            msg = c.read_message()
+            assert msg.body == b"x"
+            c.send(b"FIN " + msg.id + b"\n")
+            c.send(encode_pub(topic, b"x"))  # PUB after SUB, answered through the relay too
+            c.expect_ok()
+            client = next(cl for t in get_json(nsqd, "/stats?format=json")["topics"] if t["topic_name"] == topic
+                          for ch in t["channels"] for cl in ch["clients"])
+            assert client["tls"] is tls and client["shard"] == owner[topic]
+            assert client["snappy"] is (compression == "snappy") and client["deflate"] is (compression == "deflate")
+    assert get_json(nsqd, "/stats?format=json")["supervisor"]["relays"] == 2
 
 
 def test_admin_calls_reach_the_owner_and_stats_show_one_node(node: NodeFactory, tmp_path: Path) -> None:

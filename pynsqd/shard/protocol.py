@@ -158,7 +158,17 @@ class ClientV2(asyncio.Protocol):
         self._arm_heartbeat()
         log.debug("TCP: new client(%s)", self.remote_address)
         if handoff is not None and handoff[1]:
-            self.data_received(handoff[1])
+            # Replay the handed-over bytes once the transport is fully started (an upgrade
+            # they ask for pauses and resumes reading, which uvloop ignores inside
+            # connection_made); reading waits until then so the order on the wire holds.
+            self.transport.pause_reading()
+            asyncio.get_running_loop().call_soon(self._replay, handoff[1])
+
+    def _replay(self, unread: bytes) -> None:
+        if self._closing or self.transport is None:
+            return
+        self.transport.resume_reading()
+        self.data_received(unread)
 
     def _adopt(self, state: dict[str, Any], unread: bytes) -> None:
         """Take over what the supervisor (or another shard) already did on this connection."""

@@ -93,7 +93,7 @@ class Greeting:
             if name in _ROUTING:
                 topic = params[1].decode("utf-8", "surrogateescape") if len(params) > 1 else ""
                 return ("route", topic) if is_valid_name(topic) else ("any", None)
-            if name == b"NOP":
+            if name == b"NOP" and self.opts.tls_required == "false":  # else a shard refuses it
                 self.buf = self.buf[nl + 1:]
                 continue
             if name != b"IDENTIFY" or len(params) != 1:
