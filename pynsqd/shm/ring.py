@@ -1,0 +1,345 @@
+"""A FIFO of variable-size byte records over one writable buffer (pure: no I/O, no clock).
+
+Theory of operation
+-------------------
+The buffer starts with a 192-byte header and then ``capacity`` bytes of record area::
+
+    0    magic "PYNSQRG1"           8 bytes
+    8    version (u32), header size (u32)
+    16   capacity (u64)             record-area bytes, a multiple of 8
+    64   write index (u64)          producer-owned cache line
+    72   records written (u64)
+    128  read index (u64)           consumer-owned cache line
+    136  records consumed (u64)
+
+Both indices are monotonic byte counters; ``index % capacity`` is the position in the record
+area, ``write - read`` the bytes in use, so full and empty never look alike. A record is
+framed as ``[u32 length][u32 ~length][payload][pad to 8]``: the complement catches a
+corrupt length before it is trusted. A record never straddles the end of the area: when the
+next frame does not fit before the end, the producer writes a wrap marker (length
+0xFFFFFFFF) and the frame goes to the start; the skipped tail counts as used until the
+consumer passes it. A frame is therefore at most half the area, so any record of at most
+``max_record_size`` fits once the ring is empty wherever the indices stand.
+
+SPSC publication: the producer copies the frames in (one slice assignment per contiguous
+run, at most two per batch), then stores the record count, then the write index. The
+consumer reads the write index, copies records out, then stores the read index and then its
+record count. Index stores are single aligned 8-byte writes (an item store into a native ``"Q"``
+memoryview is one ``memcpy`` of 8 bytes, a single instruction on x86-64; ``struct`` with
+an explicit byte order writes byte by byte and must not be used for them), and x86 does not reorder
+stores with stores, so the other side never sees an index ahead of the bytes it covers. One
+producer process and one consumer process may use a ring at a time.
+
+The counts serve ``__len__`` only (``written - consumed``, clamped at 0). A process killed
+between its two stores leaves them off by one batch; ``recover()`` (called by the owner
+while nobody else is attached) rescans the records and repairs them. Indices are checked
+on every call: an index out of range or a frame that fails its check raises ``RingError``,
+never garbage.
+
+Speed: frames of a batch are joined into one ``bytes`` and copied with one slice
+assignment; a take walks the frame headers with ``struct.unpack_from``, copies the covered
+bytes once and slices the records out of that copy.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Sequence
+
+MAGIC = b"PYNSQRG1"
+VERSION = 1
+HEADER_SIZE = 192
+FRAME_SIZE = 8
+WRAP = 0xFFFFFFFF
+MIN_CAPACITY = 64
+
+_MAGIC_OFF = 0
+_VERSION_OFF = 8
+# indices of the header's 8-byte words (byte offset / 8)
+_CAP = 2
+_WRITE = 8
+_WSEQ = 9
+_READ = 16
+_RSEQ = 17
+
+_VER = struct.Struct("<II")
+_FRAME = struct.Struct("<II")
+_WRAP_FRAME = _FRAME.pack(WRAP, 0)
+_PADS = [b"\0" * n for n in range(8)]
+
+
+Writable = bytearray | memoryview | mmap.mmap
+
+
+class RingError(Exception):
+    """The buffer is not a ring, or a record frame or index in it is corrupt."""
+
+
+def buffer_size(capacity: int) -> int:
+    """Bytes of buffer needed for a ring with ``capacity`` bytes of record area."""
+    return HEADER_SIZE + ((capacity + 7) & ~7)
+
+
+def frame_size(record_size: int) -> int:
+    """Bytes of record area one record of ``record_size`` bytes occupies."""
+    return FRAME_SIZE + ((record_size + 7) & ~7)
+
+
+class ByteRing:
+    """FIFO of byte records in ``buf``; ``init=True`` formats it, ``False`` attaches.
+
+    Attaching validates the header (``RingError`` if it is not a ring). The producer calls
+    ``put``/``put_many``; the consumer ``take_many``, or ``peek_many`` then ``consume``.
+    Call ``close()`` before closing an mmap under the ring (the ring holds a view of it).
+    """
+
+    __slots__ = ("_buf", "_cap", "_max_frame", "_peek_end", "_words")
+
+    def __init__(self, buf: Writable, *, init: bool) -> None:
+        view = memoryview(buf)
+        if view.readonly or view.ndim != 1 or view.itemsize != 1:
+            view.release()
+            raise ValueError("a ring needs a writable 1-D byte buffer")
+        if len(view) < HEADER_SIZE + MIN_CAPACITY:
+            view.release()
+            if init:
+                raise ValueError(f"buffer too small for a ring ({len(view)} bytes)")
+            raise RingError(f"not a ring (only {len(view)} bytes)")
+        self._buf = view
+        # Native 8-byte words: item stores and loads are single aligned memcpy's of 8 bytes.
+        self._words = words = view[:HEADER_SIZE].cast("Q")
+        self._peek_end: tuple[int, int, int] | None = None
+        if init:
+            cap = (len(view) - HEADER_SIZE) & ~7
+            view[:HEADER_SIZE] = bytes(HEADER_SIZE)
+            _VER.pack_into(view, _VERSION_OFF, VERSION, HEADER_SIZE)
+            words[_CAP] = cap
+            view[_MAGIC_OFF:_MAGIC_OFF + 8] = MAGIC  # last: a torn format is not a ring
+        else:
+            try:
+                cap = self._check_header(view, words)
+            except RingError:
+                self.close()
+                raise
+        self._cap = cap
+        self._max_frame = (cap // 2) & ~7
+
+    @staticmethod
+    def _check_header(view: memoryview, words: memoryview) -> int:
+        if bytes(view[:8]) != MAGIC:
+            raise RingError("not a ring (bad magic)")
+        version, header = _VER.unpack_from(view, _VERSION_OFF)
+        if version != VERSION or header != HEADER_SIZE:
+            raise RingError(f"unsupported ring version {version}/{header}")
+        cap = words[_CAP]
+        if cap < MIN_CAPACITY or cap % 8 or cap > len(view) - HEADER_SIZE:
+            raise RingError(f"bad ring capacity {cap} for a {len(view)}-byte buffer")
+        return int(cap)
+
+    # -- sizes ---------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """Bytes of record area (frames, padding and wrap skips all count against it)."""
+        return self._cap
+
+    @property
+    def max_record_size(self) -> int:
+        """The largest record that always fits once the ring is empty."""
+        return self._max_frame - FRAME_SIZE
+
+    @property
+    def used_bytes(self) -> int:
+        write, read = self._indices()
+        return write - read
+
+    @property
+    def free_bytes(self) -> int:
+        return self._cap - self.used_bytes
+
+    def __len__(self) -> int:
+        words = self._words
+        count: int = words[_WSEQ] - words[_RSEQ]
+        return count if count > 0 else 0
+
+    def _indices(self) -> tuple[int, int]:
+        words = self._words
+        read: int = words[_READ]
+        write: int = words[_WRITE]
+        if read > write or write - read > self._cap or (read | write) & 7:
+            raise RingError(f"corrupt ring indices (read {read}, write {write})")
+        return write, read
+
+    # -- producer ------------------------------------------------------------------------
+
+    def put(self, record: bytes) -> bool:
+        """Append one record; False when it does not fit now. ValueError if it never can."""
+        return self.put_many((record,)) == 1
+
+    def put_many(self, records: Sequence[bytes]) -> int:
+        """Append as many whole records as fit, in order; return how many were written.
+
+        All of them become visible to the consumer at once (one index store).
+        ``ValueError`` if the first record that does not fit is larger than
+        ``max_record_size`` (it would never fit).
+        """
+        buf = self._buf
+        cap = self._cap
+        write, read = self._indices()
+        free = cap - (write - read)
+        start = write % cap
+        tail = cap - start
+        max_frame = self._max_frame
+        head: list[bytes] = []
+        wrapped: list[bytes] = []
+        pieces = head
+        pack = _FRAME.pack
+        pads = _PADS
+        used = 0
+        count = 0
+        for record in records:
+            size = len(record)
+            frame = FRAME_SIZE + size + (-size & 7)
+            if frame > max_frame:
+                if count:
+                    break
+                raise ValueError(f"record of {size} bytes exceeds max_record_size {self.max_record_size}")
+            if frame > tail:
+                if pieces is wrapped or tail + frame > free:
+                    break
+                if tail:
+                    head.append(_WRAP_FRAME)
+                used += tail
+                free -= tail
+                tail = cap
+                pieces = wrapped
+            elif frame > free:
+                break
+            pieces.append(pack(size, size ^ WRAP))
+            pieces.append(record)
+            pad = -size & 7
+            if pad:
+                pieces.append(pads[pad])
+            used += frame
+            free -= frame
+            tail -= frame
+            count += 1
+        if not count:
+            return 0
+        if head:
+            data = b"".join(head)
+            buf[HEADER_SIZE + start:HEADER_SIZE + start + len(data)] = data
+        if wrapped:
+            data = b"".join(wrapped)
+            buf[HEADER_SIZE:HEADER_SIZE + len(data)] = data
+        words = self._words
+        words[_WSEQ] = words[_WSEQ] + count
+        words[_WRITE] = write + used
+        return count
+
+    # -- consumer ------------------------------------------------------------------------
+
+    def _walk(self, read: int, write: int, max_count: int, out: list[bytes] | None) -> tuple[int, int]:
+        """Walk up to ``max_count`` frames from index ``read`` towards ``write``.
+
+        Returns (records walked, the read index after them); appends copies of the records
+        to ``out`` unless it is None (one copy of the buffer per contiguous run).
+        """
+        buf = self._buf
+        cap = self._cap
+        unpack = _FRAME.unpack_from
+        count = 0
+        while read < write and count < max_count:
+            pos = start = read % cap
+            end = pos + min(write - read, cap - pos)
+            starts: list[int] = []
+            ends: list[int] = []
+            while pos < end and count < max_count:
+                size, check = unpack(buf, HEADER_SIZE + pos)
+                if size ^ check != WRAP:
+                    raise RingError(f"corrupt record frame at {pos} (length {size})")
+                if size == WRAP:
+                    if write - read - (pos - start) < cap - pos:
+                        raise RingError(f"wrap marker at {pos} beyond the write index")
+                    pos = cap
+                    break
+                frame = FRAME_SIZE + size + (-size & 7)
+                if pos + frame > end:
+                    raise RingError(f"record length {size} at {pos} runs past the written data")
+                starts.append(pos + FRAME_SIZE)
+                ends.append(pos + FRAME_SIZE + size)
+                pos += frame
+                count += 1
+            if out is not None and starts:
+                first = starts[0]
+                chunk = buf[HEADER_SIZE + first:HEADER_SIZE + ends[-1]].tobytes()
+                out += [chunk[a - first:b - first] for a, b in zip(starts, ends)]
+            read += pos - start
+        return count, read
+
+    def take_many(self, max_count: int) -> list[bytes]:
+        """Copy out and consume up to ``max_count`` records (oldest first)."""
+        write, read = self._indices()
+        out: list[bytes] = []
+        count, new_read = self._walk(read, write, max_count, out)
+        if new_read != read:
+            self._advance(new_read, count)
+        return out
+
+    def peek_many(self, max_count: int) -> list[bytes]:
+        """Copy out up to ``max_count`` records without consuming them; ``consume`` next."""
+        write, read = self._indices()
+        out: list[bytes] = []
+        count, new_read = self._walk(read, write, max_count, out)
+        self._peek_end = (read, count, new_read)
+        return out
+
+    def consume(self, count: int) -> None:
+        """Drop the oldest ``count`` records (those a ``peek_many`` returned)."""
+        if count <= 0:
+            return
+        write, read = self._indices()
+        peeked = self._peek_end
+        if peeked is not None and peeked[0] == read and peeked[1] == count:
+            new_read = peeked[2]
+        else:
+            walked, new_read = self._walk(read, write, count, None)
+            if walked < count:
+                raise ValueError(f"consume({count}) but only {walked} records are queued")
+        self._advance(new_read, count)
+
+    def _advance(self, new_read: int, count: int) -> None:
+        words = self._words
+        self._peek_end = None
+        words[_READ] = new_read
+        words[_RSEQ] = words[_RSEQ] + count
+
+    # -- owner ---------------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Validate every queued frame and repair the record counts; return the count.
+
+        Call it while no other process uses the ring (after a crash, before resuming).
+        ``RingError`` if a frame is corrupt.
+        """
+        write, read = self._indices()
+        queued, _ = self._walk(read, write, 1 << 62, None)
+        words = self._words
+        written: int = words[_WSEQ]
+        consumed = written - queued if written >= queued else 0
+        words[_WSEQ] = consumed + queued
+        words[_RSEQ] = consumed
+        return queued
+
+    def reset(self) -> None:
+        """Empty the ring (indices and counts to zero); only while nobody else uses it."""
+        words = self._words
+        self._peek_end = None
+        for word in (_WRITE, _WSEQ, _READ, _RSEQ):
+            words[word] = 0
+
+    def close(self) -> None:
+        """Release the view of the buffer (needed before an mmap under it can close)."""
+        self._words.release()
+        self._buf.release()
