@@ -246,3 +246,11 @@ class RingModel(RuleBasedStateMachine):
 
 TestRingModel = RingModel.TestCase
 TestRingModel.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+
+
+def test_prefix_is_stored_in_front_of_every_record() -> None:
+    r = ring(1024)
+    assert r.put_many([b"a", b"bc"], prefix=b"P:") == 2
+    assert r.take_many(5) == [b"P:a", b"P:bc"]
+    with pytest.raises(ValueError):
+        r.put_many([bytes(r.max_record_size)], prefix=b"x")

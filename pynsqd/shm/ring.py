@@ -177,10 +177,11 @@ class ByteRing:
         """Append one record; False when it does not fit now. ValueError if it never can."""
         return self.put_many((record,)) == 1
 
-    def put_many(self, records: Sequence[bytes]) -> int:
+    def put_many(self, records: Sequence[bytes], prefix: bytes = b"") -> int:
         """Append as many whole records as fit, in order; return how many were written.
 
-        All of them become visible to the consumer at once (one index store).
+        All of them become visible to the consumer at once (one index store). ``prefix``,
+        if given, is stored in front of every record (as part of it).
         ``ValueError`` if the first record that does not fit is larger than
         ``max_record_size`` (it would never fit).
         """
@@ -198,8 +199,9 @@ class ByteRing:
         pads = _PADS
         used = 0
         count = 0
+        extra = len(prefix)
         for record in records:
-            size = len(record)
+            size = len(record) + extra
             frame = FRAME_SIZE + size + (-size & 7)
             if frame > max_frame:
                 if count:
@@ -217,6 +219,8 @@ class ByteRing:
             elif frame > free:
                 break
             pieces.append(pack(size, size ^ WRAP))
+            if extra:
+                pieces.append(prefix)
             pieces.append(record)
             pad = -size & 7
             if pad:
