@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import logging
 import os
 import signal
@@ -27,6 +28,8 @@ from pynsqd.shard.broker import Broker
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.http import NsqdHTTP
 from pynsqd.shard.protocol import ClientV2
+from pynsqd.shard.queue import segment_queue
+from pynsqd.shm import store
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.supervisor.registration import Registration
 from pynsqd.wire.lookup import IdentifyInfo
@@ -44,12 +47,15 @@ class NsqdNode:
     def __init__(self, opts: NsqdOptions) -> None:
         self.opts = opts
         self._lock_fd = self._lock_data_path(opts.data_dir)
-        self.broker = Broker(opts, self._make_backend)
+        capacity = store.log_capacity(opts.mem_queue_bytes, opts.max_msg_size)
+        self.broker = Broker(opts, self._make_backend, queue_factory=functools.partial(
+            segment_queue, opts.data_dir, opts.mem_queue_size, capacity))
         try:
             self.broker.restore(metadata.load(opts.data_dir))
         except ValueError as exc:
             os.close(self._lock_fd)
             raise UsageError(f"failed to load metadata - {exc}") from None
+        self._adopt_segments()
         self._save_pending = False
         self._background: set[asyncio.Task[None]] = set()
         self.registration = Registration(self.identity, self.broker.registrations, opts.max_body_size)
@@ -75,6 +81,19 @@ class NsqdNode:
             os.close(fd)
             raise UsageError(f"--data-path={path} in use (possibly by another instance of nsqd)") from None
         return fd
+
+    def _adopt_segments(self) -> None:
+        """Queues left in shared memory but missing from nsqd.dat come back if they hold
+        messages; other leftover segments (deleted or ephemeral queues) are removed."""
+        path = self.opts.data_dir
+        claimed = store.claimed_names(path, self.broker.queue_names())
+        for shm_name, kind, name, records in store.leftovers(path, claimed):
+            if records and kind in ("topic", "channel") and not is_ephemeral(name) and \
+                    all(is_valid_name(part) for part in name.split(":")):
+                log.warning("%s %s: found in shared memory only; recovering it", kind.upper(), name)
+                self.broker.adopt(kind, name)
+            else:
+                store.unlink_segment(shm_name)
 
     def _make_backend(self, queue_name: str, ephemeral: bool) -> DiskQueue:
         opts = self.opts
