@@ -213,8 +213,8 @@ class MessageQueue:
                 break
 
     def finish(self, pos: int) -> None:
-        """The record at ``pos`` is done (FIN, or moved back to ready as a new record)."""
-        self.log.set_state(pos, DONE)
+        """The record at ``pos`` is done (FIN, sampled out, handed on by a topic)."""
+        self.log.states[pos] = DONE
         self.live -= 1
         self._done += 1
         if self._done >= RELEASE_EVERY:

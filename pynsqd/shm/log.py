@@ -52,10 +52,11 @@ def state_header(state: int, due: int = 0) -> bytes:
 class MessageLog(ByteRing):
     """Messages with delivery states over a ring buffer (one owner process)."""
 
-    __slots__ = ("_discard", "_discarded")
+    __slots__ = ("_discard", "_discarded", "states")
 
     def __init__(self, buf: Writable, *, init: bool, discard: Discard | None = None) -> None:
         super().__init__(buf, init=init)
+        self.states = self._buf[HEADER_SIZE:]  # states[pos] is the state byte of a record
         self._discard = discard
         self._discarded = self._words[16]  # read index up to which pages were discarded
 
@@ -181,14 +182,19 @@ class MessageLog(ByteRing):
     def release(self) -> int:
         """Advance the read index past DONE records at the front; return bytes released."""
         buf = self._buf
+        cap = self._cap
+        unpack = _FRAME.unpack_from
         write = self.write_index
         read = start = self.read_index
         released = 0
         while read < write:
-            at, pos, size = self._frame_at(read)
+            pos = read % cap
+            size, check = unpack(buf, HEADER_SIZE + pos)
+            if size == WRAP or size ^ check != WRAP or size < STATE_SIZE:
+                read, pos, size = self._frame_at(read)  # a wrap marker (or corruption: raises)
             if buf[HEADER_SIZE + pos + FRAME_SIZE] != DONE:
                 break
-            read = at + FRAME_SIZE + size + (-size & 7)
+            read += FRAME_SIZE + size + (-size & 7)
             released += 1
         if read != start:
             self._advance(read, released)
@@ -211,6 +217,10 @@ class MessageLog(ByteRing):
             self._discard(HEADER_SIZE + a, cap - a)
             self._discard(HEADER_SIZE, b)
         self._discarded = read
+
+    def close(self) -> None:
+        self.states.release()
+        super().close()
 
     def reset(self) -> None:
         """Empty the log and give all its pages back."""
