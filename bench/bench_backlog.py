@@ -13,11 +13,13 @@ so the server's RSS must stay flat however large the backlog.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import resource
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,11 +62,18 @@ def _phase(procs: list[mp.Process], q: mp.Queue, meter: Meter) -> tuple[int, flo
     return count, elapsed, float(load_rss)
 
 
+def _finished(http_port: int) -> int:
+    """Messages FINed on the channel so far (from /stats)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/stats?format=json&topic=backlog") as r:
+        stats = json.loads(r.read())
+    return sum(c["finish_count"] for t in stats["topics"] for ch in t["channels"] for c in ch["clients"])
+
+
 def one_run(args: argparse.Namespace) -> Figures:
     ctx = mp.get_context("spawn")
     figures: Figures = {}
     with tempfile.TemporaryDirectory() as data:
-        proc, tcp_port, _ = start_node(data, f"--mem-queue-size={args.mem_queue_size}", "--log-level=warn")
+        proc, tcp_port, http_port = start_node(data, f"--mem-queue-size={args.mem_queue_size}", "--log-level=info")
         addr = ("127.0.0.1", tcp_port)
         meter = Meter(proc.pid)
         try:
@@ -85,12 +94,22 @@ def one_run(args: argparse.Namespace) -> Figures:
             figures["pub"] = {"msgs": n1 + n2, "msgs_s": (n1 + n2) / (t1 + t2), "load_rss_mb": pub_rss}
             figures[f"at_{(n1 + n2) // 1000}k"] = {"rss_mb": meter.rss() / 2**20}
             total = n1 + n2
-            subs = [ctx.Process(target=consumer, args=(addr, "backlog", "ch", 2500, 3600.0,
-                                                        total // args.workers + (i < total % args.workers),
-                                                        time.time() + 0.5, q))
-                    for i in range(args.workers)]
-            got, t3, _ = _phase(subs, q, meter)
-            figures["sub"] = {"msgs": got, "msgs_s": got / (t3 - 0.5)}
+            # consumers share the backlog unevenly: the drain ends when the channel is empty
+            subs = [ctx.Process(target=consumer, args=(addr, "backlog", "ch", 2500, 3600.0, total,
+                                                        time.time() + 0.5, q)) for _ in range(args.workers)]
+            t0 = time.monotonic()
+            for p in subs:
+                p.start()
+            finished = 0
+            while finished < total:
+                time.sleep(0.2)
+                meter.rss()
+                finished = _finished(http_port)
+            t3 = time.monotonic() - t0 - 0.5
+            for p in subs:
+                p.terminate()
+                p.join()
+            figures["sub"] = {"msgs": finished, "msgs_s": finished / t3}
             figures["drained"] = {"rss_mb": meter.rss() / 2**20}
             figures["peak"] = {"rss_mb": meter.peak_rss / 2**20}
         finally:

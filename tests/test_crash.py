@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pynsqd.shm.segment import list_segments
-from pynsqd.wire.commands import encode_dpub, encode_fin, encode_pub, encode_req
-from tests.harness import Daemon, scaled
+from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_req
+from tests.harness import Daemon, scaled, wait_for
 from tests.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 
@@ -184,3 +184,22 @@ def test_deleted_and_leftover_segments_are_removed(nsqd_factory: Callable[..., D
     again = nsqd_factory(data_path=tmp_path)
     kept = topic_stats(again, "kept")
     assert kept is not None and kept["depth"] == 1
+
+
+def test_ephemeral_queues_keep_mem_queue_size_drop_the_rest_and_never_touch_disk(
+        nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    nsqd = nsqd_factory("--mem-queue-size=10", data_path=tmp_path)
+    c = RawClient(nsqd.tcp)
+    c.subscribe("e#ephemeral", "ch#ephemeral", rdy=0)
+    with RawClient(nsqd.tcp) as p:
+        p.send(encode_mpub("e#ephemeral", [b"%d" % i for i in range(50)]))
+        p.expect_ok()
+    stats = channel_stats(nsqd, "e#ephemeral", "ch#ephemeral")
+    assert (stats["depth"], stats["backend_depth"]) == (10, 0)
+    assert not [f for f in tmp_path.iterdir() if "ephemeral" in f.name]
+    c.send(b"RDY 50\n")
+    assert [m.body for m in c.read_messages(10)] == [b"%d" % i for i in range(10)]
+    c.expect_nothing(0.3)
+    assert len(list_segments(str(tmp_path))) == 2
+    c.close()  # the last consumer goes: channel and topic go, and their segments with them
+    wait_for(lambda: not list_segments(str(tmp_path)), what="ephemeral segments unlinked")

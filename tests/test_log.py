@@ -55,7 +55,7 @@ def test_recover_states_after_a_restart() -> None:
     ready, deferred, live = again.recover_states()
     assert (ready, live) == (3, 4)
     assert deferred == [(positions[1], 999, msg(1))]
-    positions2, messages, _ = again.walk(0, 10)
+    _, messages, _ = again.walk(0, 10)
     assert [m[10:] for m in messages] == [msg(i)[10:] for i in (0, 3, 4)]  # in flight → ready
     assert ATTEMPTS.unpack_from(messages[0], ATTEMPTS_OFFSET)[0] == 3  # attempts kept
 
@@ -70,7 +70,7 @@ def test_rollback_and_discard_of_drained_pages() -> None:
     assert len(log) == 0 and log.walk(0, 5)[1] == []
     for _ in range(3):  # 3 MiB through the log, drained as it goes
         n = log.append_ready([msg(i, 4000) for i in range(256)])
-        positions, _, cursor = log.walk(0, n)
+        positions, _, _ = log.walk(0, n)
         for pos in positions:
             log.set_state(pos, DONE)
         log.release()
