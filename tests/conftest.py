@@ -10,8 +10,7 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 
-from pynsqd.shm.segment import list_segments, unlink_segment
-from tests.harness import Daemon
+from tests.harness import Daemon, remove_segments
 from tests.test_clients import clients  # noqa: F401  (the fixture, shared with test_http)
 
 T = TypeVar("T")
@@ -54,9 +53,7 @@ def nsqd_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     yield make
     for daemon in started:
         daemon.stop()
-    for path in {arg.partition("=")[2] for d in started for arg in d.args if arg.startswith("--data-path=")}:
-        for name in list_segments(path):  # shared memory outlives the daemons: give it back
-            unlink_segment(name)
+    remove_segments(started)
 
 
 @pytest.fixture
