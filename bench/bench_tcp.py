@@ -32,7 +32,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figures, add_load_args, report, start_node  # noqa: E402
+from bench.common import Figures, add_load_args, remove_segments, report, start_node  # noqa: E402
 from pynsqd.wire.commands import encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub  # noqa: E402
 
 _HDR = struct.Struct(">ii")
@@ -259,6 +259,7 @@ def one_run(args: argparse.Namespace) -> Figures:
         finally:
             proc.terminate()
             proc.wait(30)
+            remove_segments(data)
     return figures
 
 

@@ -42,6 +42,16 @@ def start_node(data: str, *flags: str) -> tuple[subprocess.Popen[bytes], int, in
     return proc, ports[b"TCP"], ports[b"HTTP"]
 
 
+def remove_segments(data: str) -> None:
+    """Unlink the node's shared-memory segments (they outlive it by design)."""
+    try:
+        from pynsqd.shm.segment import list_segments, unlink_segment
+    except ImportError:  # a tree from before shared memory (A/B runs)
+        return
+    for name in list_segments(data):
+        unlink_segment(name)
+
+
 def _drain(stream: IO[bytes]) -> None:
     """Keep reading the node's log so it never blocks on a full pipe."""
     for _ in stream:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from tests.harness import Daemon, wait_for
+from tests.harness import Daemon, remove_segments, wait_for
 
 
 class QuietHandler(BaseHTTPRequestHandler):
@@ -151,6 +151,7 @@ class Cluster:
         self.http.close()
         for daemon in reversed(self.daemons):
             daemon.stop()
+        remove_segments(self.daemons)
 
 
 def addr(daemon: Daemon) -> str:

@@ -11,7 +11,7 @@ import pytest
 import uvloop
 
 from tests.certs import Certs
-from tests.harness import Daemon
+from tests.harness import Daemon, remove_segments
 from tests.test_clients import clients  # noqa: F401  (the fixture, shared with test_http)
 
 T = TypeVar("T")
@@ -54,6 +54,7 @@ def nsqd_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     yield make
     for daemon in started:
         daemon.stop()
+    remove_segments(started)
 
 
 @pytest.fixture

@@ -196,3 +196,12 @@ def connect(address: tuple[str, int], timeout: float = 5.0) -> socket.socket:
     sock = socket.create_connection(address, timeout=scaled(timeout))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+def remove_segments(daemons: Sequence[Daemon]) -> None:
+    """Unlink the shared-memory segments of the nsqd data paths these daemons used (they
+    outlive the processes by design)."""
+    from pynsqd.shm.segment import list_segments, unlink_segment
+    for path in {arg.partition("=")[2] for d in daemons for arg in d.args if arg.startswith("--data-path=")}:
+        for name in list_segments(path):
+            unlink_segment(name)

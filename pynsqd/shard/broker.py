@@ -27,8 +27,10 @@ from pynsqd.options import MS
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.latency import LatencyWindow
-from pynsqd.shard.queue import Backend, DropBackend
+from pynsqd.shard.queue import Backend, DropBackend, MessageQueue
 from pynsqd.shard.topic import Topic
+from pynsqd.shm.log import MessageLog
+from pynsqd.shm.ring import buffer_size
 from pynsqd.wire.message import HEADER, IdFactory
 
 log = logging.getLogger("pynsqd.shard")
@@ -61,13 +63,15 @@ class Router(Protocol):
 
 
 BackendFactory = Callable[[str, bool], Backend]
+# (kind "topic" | "channel", queue name, backend) → the queue, recovering if it existed
+QueueFactory = Callable[[str, str, Backend], MessageQueue]
 
 
 class Broker:
     """Topics and channels owned by one shard."""
 
     def __init__(self, opts: NsqdOptions, backend_factory: BackendFactory | None = None,
-                 shard: int = 0, shards: int = 1) -> None:
+                 shard: int = 0, shards: int = 1, queue_factory: QueueFactory | None = None) -> None:
         self.opts = opts
         self.topics: dict[str, Topic] = {}
         self.ids = IdFactory(opts.node_id, shard, shards)
@@ -78,6 +82,7 @@ class Broker:
         self.health = "OK"
         self.exiting = False
         self._backend_factory = backend_factory or (lambda name, ephemeral: DropBackend())
+        self._queue_factory = queue_factory or self._process_queue
         self._dirty: dict[Any, None] = {}
         self._pump_handle: asyncio.Handle | None = None
         self._scan_handle: asyncio.TimerHandle | None = None
@@ -122,13 +127,20 @@ class Broker:
     def _backend(self, queue_name: str, ephemeral: bool) -> Backend:
         return DropBackend() if ephemeral else self._backend_factory(queue_name, ephemeral)
 
+    def _process_queue(self, kind: str, name: str, backend: Backend) -> MessageQueue:
+        """A queue whose log lives in this process only (a broker without a node)."""
+        log_ = MessageLog(bytearray(buffer_size(max(self.opts.mem_queue_bytes, 1 << 16))), init=True)
+        return MessageQueue(log_, self.opts.mem_queue_size, backend)
+
     def get_topic(self, name: str) -> Topic:
         topic = self.topics.get(name)
         if topic is None:
-            topic = Topic(name, self._backend(name, name.endswith("#ephemeral")),
-                          self.opts.mem_queue_size, self.schedule)
+            queue = self._queue_factory("topic", name, self._backend(name, name.endswith("#ephemeral")))
+            topic = Topic(name, queue, self.schedule)
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
+            if queue.recovering and topic.recover():
+                log.info("TOPIC(%s): recovered %d messages", name, topic.depth)
             self._changed("created", name, None)
         return topic
 
@@ -136,14 +148,16 @@ class Broker:
         channel = topic.channels.get(name)
         if channel is None:
             ephemeral = topic.ephemeral or name.endswith("#ephemeral")
-            channel = Channel(topic.name, name, self._backend(f"{topic.name}:{name}", ephemeral),
-                              self.opts.mem_queue_size, self.schedule,
-                              self.opts.max_channel_consumers)
+            queue_name = f"{topic.name}:{name}"
+            queue = self._queue_factory("channel", queue_name, self._backend(queue_name, ephemeral))
+            channel = Channel(topic.name, name, queue, self.schedule, self.opts.max_channel_consumers)
             if self.opts.e2e_processing_latency_percentile:
                 channel.e2e = LatencyWindow(self.opts.e2e_processing_latency_window_time,
                                             self.opts.e2e_processing_latency_percentile)
             topic.add_channel(channel)
             log.info("TOPIC(%s): new channel(%s)", topic.name, name)
+            if queue.recovering:
+                log.info("CHANNEL(%s): recovered %d messages", queue_name, channel.recover())
             self._changed("created", topic.name, name)
         return channel
 
@@ -182,6 +196,21 @@ class Broker:
         if self.on_change is not None:
             self.on_change(event, topic, channel)
 
+    def queue_names(self) -> list[tuple[str, str]]:
+        """(kind, queue name) of every topic and channel (their shared-memory segments)."""
+        out = []
+        for topic in self.topics.values():
+            out.append(("topic", topic.name))
+            out.extend(("channel", f"{topic.name}:{name}") for name in topic.channels)
+        return out
+
+    def adopt(self, kind: str, name: str) -> None:
+        """Recreate a queue found only in shared memory (made too late to reach nsqd.dat)."""
+        topic_name, _, channel_name = name.partition(":")
+        topic = self.get_topic(topic_name)
+        if kind == "channel" and channel_name:
+            self.get_channel(topic, channel_name)
+
     # --- publishing -----------------------------------------------------------------------
     def _remote(self, topic_name: str) -> Router | None:
         router = self.router
@@ -209,9 +238,8 @@ class Broker:
         if router is not None:
             router.forward(topic_name, records, sum(map(len, bodies)), 0)
             return
-        topic = self.get_topic(topic_name)
         try:
-            topic.put_many(records, sum(map(len, bodies)))
+            self.get_topic(topic_name).put_many(records, sum(map(len, bodies)))
         except OSError as exc:
             self.health = f"NOK - {exc}"
             raise BrokerError(str(exc)) from exc

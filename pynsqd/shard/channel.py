@@ -14,6 +14,13 @@ competing message pumps do.
 RDY is a level, as in nsqd: a consumer may hold ``RDY`` messages in flight at once; FIN,
 REQ and timeouts free room, they do not need a new RDY.
 
+Every message of the channel has a record in its shared-memory log (``MessageQueue`` /
+``pynsqd.shm.log``) from the moment it is queued until it is FINed: delivery marks it in
+flight and writes the attempts in place, REQ and timeouts mark it ready again in place,
+REQ with a delay marks it deferred with its wall-clock due time, FIN marks it done. The
+in-memory tables below (``in_flight``, ``deferred``) hold each record's position; a
+restarted process rebuilds them from the log (``recover``).
+
 Consumers are duck-typed (``pynsqd.shard.protocol.ClientV2``); the channel uses their
 ``capacity()``, ``deliver(records, now)``, ``in_flight`` table and counters, and
 ``close_for_channel_delete()``.
@@ -23,12 +30,14 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
 from pynsqd.shard.inflight import DeferredQueue, InFlight
 from pynsqd.shard.latency import LatencyWindow
-from pynsqd.shard.queue import Backend, MessageQueue
+from pynsqd.shard.queue import MessageQueue
+from pynsqd.shm.log import DEFERRED, IN_FLIGHT
 from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, ID_OFFSET, with_attempts
 from pynsqd.wire.names import is_ephemeral
 
@@ -46,13 +55,15 @@ class ChannelError(Exception):
 class Channel:
     """One channel of one topic."""
 
-    def __init__(self, topic_name: str, name: str, backend: Backend, mem_queue_size: int,
+    def __init__(self, topic_name: str, name: str, queue: MessageQueue,
                  schedule: Callable[[Channel], None], max_consumers: int = 0) -> None:
         self.topic_name = topic_name
         self.name = name
         self.ephemeral = is_ephemeral(name)
-        self.queue = MessageQueue(mem_queue_size, backend)
+        self.queue = queue
+        queue.on_move = self._moved
         self.deferred = DeferredQueue()
+        self.deferred_at: dict[bytes, int] = {}  # message id → log position (-1: memory only)
         self.in_flight: dict[bytes, InFlight] = {}
         self.consumers: list[Any] = []
         self.paused = False
@@ -68,6 +79,28 @@ class Channel:
     def __repr__(self) -> str:
         return f"<Channel {self.topic_name}:{self.name}>"
 
+    def recover(self) -> int:
+        """Adopt the log a previous process left (ready and in-flight messages are ready,
+        deferred ones wait for their due time). Returns the number of live messages."""
+        now_mono, now_wall = time.monotonic_ns(), time.time_ns()
+        for pos, due_wall, record in self.queue.recover():
+            self.deferred.push(now_mono + max(0, due_wall - now_wall), record)
+            self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = pos
+        return self.queue.ready + len(self.deferred_at) + self.queue.backend_depth
+
+    def _moved(self, old: int, new: int, state: int, record: bytes) -> None:
+        """The log moved a live record (to free its front)."""
+        msg_id = record[ID_OFFSET:ID_OFFSET + 16]
+        if state == IN_FLIGHT:
+            entry = self.in_flight.get(msg_id)
+            if entry is not None and entry.pos == old:
+                entry.pos = new
+                return
+        elif state == DEFERRED and self.deferred_at.get(msg_id) == old:
+            self.deferred_at[msg_id] = new
+            return
+        self.queue.finish(new)  # nothing refers to it (a duplicate): drop the copy
+
     # --- messages in ----------------------------------------------------------------------
     def put_many(self, records: list[bytes]) -> None:
         """Queue published messages (raises the backend's error when it cannot store them)."""
@@ -77,8 +110,22 @@ class Channel:
             self._schedule(self)
 
     def put_deferred(self, record: bytes, due: int) -> None:
-        self.deferred.push(due, record)
+        """Hold ``record`` until ``due`` (monotonic ns); its record in the log keeps the
+        wall-clock due time."""
+        self._defer(record, due, None)
         self.message_count += 1
+
+    def _defer(self, record: bytes, due: int, pos: int | None) -> None:
+        wall = due - time.monotonic_ns() + time.time_ns()
+        if pos is None:
+            pos = self.queue.append(record, DEFERRED, wall)
+            if pos is None:  # no room in shared memory: held in this process only
+                log.warning("%r: shared memory full; a deferred message is held in memory", self)
+                pos = -1
+        else:
+            self.queue.log.set_deferred(pos, wall)
+        self.deferred.push(due, record)
+        self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = pos
 
     # --- consumers ------------------------------------------------------------------------
     def add_consumer(self, client: Any) -> None:
@@ -96,16 +143,16 @@ class Channel:
             return
         returned = client.in_flight.drain()
         if returned:
-            records = []
             for msg_id, entry in returned:
                 self.in_flight.pop(msg_id, None)
-                records.append(with_attempts(entry.record, entry.attempts))
+                self.queue.requeue(entry.pos)
             self.timeout_count += len(returned)
-            self._requeue_records(records)
+            if self.consumers:
+                self._schedule(self)
 
     def notify_ready(self) -> None:
         """A consumer may take more (RDY, FIN, REQ, drained output)."""
-        if self.queue.memory or self.queue.backend_depth:
+        if self.queue.ready or self.queue.backend_depth:
             self._schedule(self)
 
     # --- delivery -------------------------------------------------------------------------
@@ -126,28 +173,33 @@ class Channel:
                 room = client.capacity()
                 if room <= 0:
                     continue
-                records = queue.take(min(room, CHUNK))
+                positions, records = queue.take(min(room, CHUNK))
                 if not records:
                     return
-                self._deliver(client, records, now)
+                self._deliver(client, positions, records, now)
                 delivered = True
 
-    def _deliver(self, client: Any, records: list[bytes], now: int) -> None:
+    def _deliver(self, client: Any, positions: list[int], records: list[bytes], now: int) -> None:
         sample = client.sample_rate
         if sample:
-            keep = [r for r in records if random.randrange(100) <= sample]
-            dropped = len(records) - len(keep)
-            records = keep
-            if dropped:
-                log.debug("%r: sampled out %d messages for %s", self, dropped, client)
+            keep = [random.randrange(100) <= sample for _ in records]
+            for pos, kept in zip(positions, keep):
+                if not kept:
+                    self.queue.finish(pos)  # sampled out: consumed, as nsqd does
+            records = [r for r, kept in zip(records, keep) if kept]
+            positions = [p for p, kept in zip(positions, keep) if kept]
+            if len(keep) != len(records):
+                log.debug("%r: sampled out %d messages for %s", self, len(keep) - len(records), client)
         deadline = now + client.msg_timeout
         in_flight = self.in_flight
         table = client.in_flight
+        mark = self.queue.log.deliver
         out: list[tuple[bytes, int]] = []
-        for record in records:
+        for pos, record in zip(positions, records):
             msg_id = record[ID_OFFSET:ID_OFFSET + 16]
             attempts = _unpack_attempts(record, ATTEMPTS_OFFSET)[0] + 1
-            entry = InFlight(record, client, attempts, now, deadline)
+            mark(pos, attempts)
+            entry = InFlight(record, client, attempts, now, deadline, pos)
             in_flight[msg_id] = entry
             table.add(msg_id, entry)
             out.append((record, attempts))
@@ -166,6 +218,7 @@ class Channel:
 
     def finish(self, client: Any, msg_id: bytes) -> None:
         entry = self._pop_in_flight(client, msg_id)
+        self.queue.finish(entry.pos)
         if self.e2e is not None:
             self.e2e.add_record(entry.record)
         client.finish_count += 1
@@ -176,11 +229,10 @@ class Channel:
         entry = self._pop_in_flight(client, msg_id)
         client.requeue_count += 1
         self.requeue_count += 1
-        record = with_attempts(entry.record, entry.attempts)
         if delay > 0:
-            self.deferred.push(now + delay, record)
+            self._defer(with_attempts(entry.record, entry.attempts), now + delay, entry.pos)
         else:
-            self._requeue_records([record])
+            self.queue.requeue(entry.pos)
         self.notify_ready()
 
     def touch(self, client: Any, msg_id: bytes, now: int, max_msg_timeout: int) -> None:
@@ -192,29 +244,42 @@ class Channel:
         deadline = min(now + client.msg_timeout, entry.delivered + max_msg_timeout)
         client.in_flight.touch(msg_id, deadline)
 
-    def _requeue_records(self, records: list[bytes]) -> None:
-        try:
-            self.queue.put_many(records)
-        except Exception:  # the backend failed: keep them in memory rather than lose them
-            log.exception("%r: backend write failed while requeueing; keeping in memory", self)
-            self.queue.memory.extend(records)
-        if self.consumers:
-            self._schedule(self)
+    def _undefer(self, records: list[bytes]) -> None:
+        """Due deferred messages become ready (in place when they have a log record)."""
+        memory_only = []
+        for record in records:
+            pos = self.deferred_at.pop(record[ID_OFFSET:ID_OFFSET + 16], -1)
+            if pos >= 0:
+                self.queue.requeue(pos)
+            else:
+                memory_only.append(record)
+        if memory_only:
+            try:
+                self.queue.put_many(memory_only)
+            except Exception:  # the backend failed: defer them a little rather than lose them
+                log.exception("%r: backend write failed while requeueing; retrying in 1s", self)
+                for record in memory_only:
+                    self._defer(record, time.monotonic_ns() + 1_000_000_000, None)
 
     # --- timers ---------------------------------------------------------------------------
     def process_timers(self, now: int) -> bool:
         """Time out expired in-flight messages and release due deferred ones.
 
         Returns True when anything changed (nsqd's "dirty" channel)."""
-        returned: list[bytes] = []
+        expired = 0
+        requeue = self.queue.requeue
         for client in self.consumers:
             for msg_id, entry in client.in_flight.expired(now):
                 self.in_flight.pop(msg_id, None)
-                returned.append(with_attempts(entry.record, entry.attempts))
-        self.timeout_count += len(returned)
-        returned.extend(self.deferred.pop_due(now))
-        if returned:
-            self._requeue_records(returned)
+                requeue(entry.pos)
+                expired += 1
+        self.timeout_count += expired
+        due = self.deferred.pop_due(now)
+        if due:
+            self._undefer(due)
+        if expired or due:
+            if self.consumers:
+                self._schedule(self)
             for client in self.consumers:
                 client.on_channel_timers()
             return True
@@ -230,6 +295,7 @@ class Channel:
         self.queue.empty()
         self.in_flight.clear()
         self.deferred.drain()
+        self.deferred_at.clear()
         for client in self.consumers:
             client.in_flight.drain()
             client.on_channel_timers()
@@ -248,18 +314,23 @@ class Channel:
         if delete:
             for client in list(self.consumers):
                 client.close_for_channel_delete()
-            self.queue.empty()
-            self.queue.backend.delete()
+            self.queue.close(delete=True)
             return
-        held = [with_attempts(e.record, e.attempts) for e in self.in_flight.values()]
-        held.extend(record for _, record in self.deferred.drain())
+        # In-flight and deferred messages stay in the log as they are: the next process
+        # delivers the in-flight ones again and keeps the deferred ones' due times. Only
+        # deferred messages that found no room in shared memory go to the backend, ready.
+        memory_only = [record for _, record in self.deferred.drain()
+                       if self.deferred_at.get(record[ID_OFFSET:ID_OFFSET + 16], -1) < 0]
+        self.deferred_at.clear()
         self.in_flight.clear()
         for client in self.consumers:
             client.in_flight.drain()
-        if held:
-            self.queue.memory.extend(held)
-        self.queue.flush()
-        self.queue.backend.close()
+        if memory_only:
+            try:
+                self.queue.backend.put_many(memory_only)
+            except Exception:
+                log.exception("%r: %d deferred messages lost on exit", self, len(memory_only))
+        self.queue.close()
 
     # --- stats ----------------------------------------------------------------------------
     @property

@@ -96,6 +96,10 @@ class NsqdOptions:
     data_path: str = flag("data-path", "", "path to store disk-backed messages")
     mem_queue_size: int = flag("mem-queue-size", 10000, "number of messages to keep in memory "
                                "(per topic/channel)", validate=_non_negative)
+    mem_queue_bytes: int = flag("mem-queue-bytes", 32 << 20, "(pynsqd) bytes of shared memory per "
+                                "topic/channel log, raised to hold two --max-msg-size messages; "
+                                "pages are used as messages arrive and given back once drained",
+                                validate=_positive)
     max_bytes_per_file: int = flag("max-bytes-per-file", 104857600, "number of bytes per diskqueue "
                                    "file before rolling", validate=_positive)
     sync_every: int = flag("sync-every", 2500, "number of messages per diskqueue fsync",

@@ -29,14 +29,16 @@ from typing import Any
 class InFlight:
     """One delivery of a message to one consumer."""
 
-    __slots__ = ("attempts", "client", "deadline", "delivered", "record")
+    __slots__ = ("attempts", "client", "deadline", "delivered", "pos", "record")
 
-    def __init__(self, record: bytes, client: Any, attempts: int, delivered: int, deadline: int) -> None:
+    def __init__(self, record: bytes, client: Any, attempts: int, delivered: int, deadline: int,
+                 pos: int = -1) -> None:
         self.record = record        # the encoded message, attempts as stored before delivery
         self.client = client        # the consumer that holds it
         self.attempts = attempts    # attempts including this delivery
         self.delivered = delivered  # monotonic ns of delivery (TOUCH is capped from here)
         self.deadline = deadline    # monotonic ns when it times out
+        self.pos = pos              # position of its record in the channel's shared-memory log
 
 
 class InFlightTable:

@@ -1,5 +1,6 @@
 """What every process of an nsqd node shares about the node: its data-path lock, how a queue
-gets its disk backend, and the static part of ``/info``.
+gets its shared-memory log and its disk backend, which leftover segments are worth
+recovering, and the static part of ``/info``.
 
 The node's lifecycle itself is split between the supervisor (``supervisor/arbiter.py``: lock,
 bind, spawn, shut down in phases) and its shard workers (``shard/worker.py``: serve one
@@ -9,15 +10,20 @@ shard's topics, connections and HTTP).
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import socket
 from typing import Any
 
 from pynsqd.options import UsageError
+from pynsqd.shard.broker import QueueFactory
 from pynsqd.shard.config import NsqdOptions
+from pynsqd.shard.queue import segment_queue
+from pynsqd.shm import store
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.wire.message import MIN_MESSAGE_SIZE
+from pynsqd.wire.names import is_ephemeral, is_valid_name
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -43,6 +49,21 @@ def make_backend(opts: NsqdOptions, queue_name: str) -> DiskQueue:
     return DiskQueue(queue_name, opts.data_dir, max_bytes_per_file=opts.max_bytes_per_file,
                      min_msg_size=MIN_MESSAGE_SIZE, max_msg_size=opts.max_msg_size + MIN_MESSAGE_SIZE,
                      sync_every=opts.sync_every, sync_timeout_ns=opts.sync_timeout, logger=log)
+
+
+def queue_factory(opts: NsqdOptions) -> QueueFactory:
+    """Queues whose logs live in the node's shared-memory segments (``shm/store.py``): a
+    queue whose segment a previous process left is attached and marked for recovery."""
+    capacity = store.log_capacity(opts.mem_queue_bytes, opts.max_msg_size)
+    return functools.partial(segment_queue, opts.data_dir, opts.mem_queue_size, capacity)
+
+
+def recoverable(kind: str, name: str, records: int) -> bool:
+    """A leftover segment worth recreating its queue for: a durable topic or channel of
+    valid name whose log still holds records (it was made too late to reach nsqd.dat)."""
+    parts = name.split(":")
+    return (records > 0 and kind in ("topic", "channel") and len(parts) == (1 if kind == "topic" else 2)
+            and all(is_valid_name(p) and not is_ephemeral(p) for p in parts))
 
 
 def node_info(opts: NsqdOptions, tcp_port: int, http_port: int, start_time: int) -> dict[str, Any]:

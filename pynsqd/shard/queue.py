@@ -1,21 +1,32 @@
-"""A topic's or channel's ready messages: memory up to ``--mem-queue-size``, then a backend.
+"""A topic's or channel's messages: a shared-memory log up to ``--mem-queue-size`` ready
+messages (and its byte capacity), then a backend.
 
-Records are encoded messages (``pynsqd.wire.message``), shared between channels: a topic
-hands the same ``bytes`` objects to every channel, so fan-out copies nothing.
+``MessageQueue`` owns one ``pynsqd.shm.log.MessageLog`` (in a shared-memory segment, so it
+outlives the process) and the backend that takes what the log cannot hold: a disk queue for
+durable names, or ``DropBackend`` for ``#ephemeral`` ones, which drops the overflow as NSQ
+does. As in nsqd, order between the log and the backend is not strict: consumers are served
+from the log first; spilled messages are moved back into the log before they are delivered,
+so every message in flight or deferred has a record in shared memory.
 
-The backend takes what memory cannot hold: a disk queue for durable names, or
-``DropBackend`` for ``#ephemeral`` ones, which drops the overflow as NSQ does. As in nsqd,
-order between memory and backend is not strict: consumers are served from memory first.
+Counts kept here (the log itself only knows bytes): ``ready`` (READY records in the log),
+``live`` (records not DONE). ``take`` walks a delivery cursor over the log;
+``finish`` marks a record DONE, and every ``RELEASE_EVERY`` of those the front of the log is
+released. When the log is out of room while most of it is DONE behind a long-lived record
+at the front, ``make_room`` moves that record to the write end (``on_move`` tells the
+owner, which holds positions of in-flight and deferred messages).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-log = logging.getLogger("pynsqd.shard")
+from pynsqd.shm.log import DONE, READY, MessageLog
+from pynsqd.shm.segment import Segment
+from pynsqd.shm.store import open_log
+
+logger = logging.getLogger("pynsqd.shard")
 
 
 class Backend(Protocol):
@@ -54,65 +65,219 @@ class DropBackend:
         pass
 
 
+RELEASE_EVERY = 256
+MoveHook = Callable[[int, int, int, bytes], None]
+
+
 class MessageQueue:
-    """Ready messages, memory first. ``put_many`` may raise the backend's error."""
+    """Ready messages in a shared-memory log, then the backend. ``put_many`` may raise the
+    backend's error (then nothing was stored)."""
 
-    __slots__ = ("backend", "limit", "memory")
+    __slots__ = ("_done", "again", "backend", "cursor", "largest", "limit", "live", "log", "on_move",
+                 "ready", "recovering", "segment")
 
-    def __init__(self, limit: int, backend: Backend) -> None:
-        self.memory: deque[bytes] = deque()
+    def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
+                 recovering: bool = False) -> None:
+        self.log = log
+        self.recovering = recovering  # the owner calls ``recover`` first
+        self.again: dict[int, None] = {}  # READY records behind the cursor (requeued in place)
+        self.segment = segment
         self.limit = limit
         self.backend = backend
+        self.cursor = log.read_index
+        self.ready = 0
+        self.live = 0
+        self._done = 0
+        self.on_move: MoveHook | None = None
+        self.largest = 4096  # the largest message seen coming back from the backend
 
     def __len__(self) -> int:
-        return len(self.memory) + self.backend.depth
+        return self.ready + self.backend.depth
 
     @property
     def backend_depth(self) -> int:
         return self.backend.depth
 
+    def recover(self) -> list[tuple[int, int, bytes]]:
+        """Adopt what a previous process left: returns [(pos, due wall ns, message)] deferred."""
+        self.recovering = False
+        ready, deferred, live = self.log.recover_states()
+        self.ready = ready
+        self.live = live
+        self.cursor = self.log.read_index
+        return deferred
+
+    # --- in ---------------------------------------------------------------------------
     def put_many(self, records: Sequence[bytes]) -> None:
-        room = self.limit - len(self.memory)
-        if room >= len(records):
-            self.memory.extend(records)
-            return
-        if room > 0:
-            self.backend.put_many(records[room:])  # the backend first: if it fails, store nothing
-            self.memory.extend(records[:room])
-        else:
+        log = self.log
+        room = self.limit - self.ready
+        if room <= 0:
             self.backend.put_many(records)
+            return
+        part = records if room >= len(records) else records[:room]
+        need = 31 * len(part) + sum(map(len, part))  # frames are at most 31 bytes more
+        if log.free_bytes < need:
+            self.make_room(need)
+        mark = log.mark()
+        n = log.append_ready(part)
+        if n < len(records):
+            try:
+                self.backend.put_many(records[n:])
+            except Exception:
+                log.rollback(mark)  # store nothing
+                raise
+        self.ready += n
+        self.live += n
 
     def put(self, record: bytes) -> None:
-        if len(self.memory) < self.limit:
-            self.memory.append(record)
-        else:
-            self.backend.put_many((record,))
+        self.put_many((record,))
 
-    def take(self, count: int) -> list[bytes]:
-        """Remove and return up to ``count`` records, memory first."""
-        memory = self.memory
-        if len(memory) >= count:
-            return [memory.popleft() for _ in range(count)]
-        out = list(memory)
-        memory.clear()
-        if len(out) < count and self.backend.depth:
+    def append(self, record: bytes, state: int, due: int) -> int | None:
+        """Store one non-ready record (deferred); its position, or None without room."""
+        log = self.log
+        frame = log.frame_of(len(record))
+        pos = log.append(record, state, due)
+        if pos is None and self.make_room(frame):
+            pos = log.append(record, state, due)
+        if pos is not None:
+            self.live += 1
+        return pos
+
+    # --- out --------------------------------------------------------------------------
+    def requeue(self, pos: int) -> None:
+        """Make the (in-flight or deferred) record at ``pos`` ready again, in place."""
+        self.log.set_state(pos, READY)
+        self.again[pos] = None
+        self.ready += 1
+
+    def _take_again(self, count: int) -> tuple[list[int], list[bytes]]:
+        again = self.again
+        positions = list(again) if len(again) <= count else list(again)[:count]
+        for pos in positions:
+            del again[pos]
+        message_at = self.log.message_at
+        messages = [message_at(pos)[2] for pos in positions]
+        self.ready -= len(positions)
+        return positions, messages
+
+    def take(self, count: int) -> tuple[list[int], list[bytes]]:
+        """Up to ``count`` ready messages and their positions; the caller marks them."""
+        if self.again:
+            return self._take_again(count)
+        if self.ready:
+            positions, messages, self.cursor = self.log.walk(self.cursor, count)
+            self.ready -= len(positions)
+            if positions:
+                return positions, messages
+            self.ready = 0  # the count drifted (it never should); trust the log
+        if self.backend.depth:
+            self._refill(count)
+            if self.ready:
+                positions, messages, self.cursor = self.log.walk(self.cursor, count)
+                self.ready -= len(positions)
+                return positions, messages
+        return [], []
+
+    def _refill(self, count: int) -> None:
+        """Move up to ``count`` spilled messages from the backend into the log, reading only
+        as many as fit if each were as large as the largest seen so far."""
+        log = self.log
+        moved = 0
+        while moved < count and self.backend.depth:
+            batch = min(count - moved, log.free_bytes // log.frame_of(self.largest))
+            if batch <= 0:
+                if not self.make_room(log.frame_of(self.largest)):
+                    break
+                continue
             try:
-                out.extend(self.backend.read_many(count - len(out)))
+                records = self.backend.read_many(batch)
             except Exception:  # a read error is the backend's to log; serve what we have
-                log.exception("failed to read from %r", self.backend)
-        return out
+                logger.exception("failed to read from %r", self.backend)
+                break
+            if not records:
+                break
+            self.largest = max(self.largest, *map(len, records))
+            n = log.append_ready(records)
+            if n < len(records) and self.make_room(log.frame_of(self.largest)):
+                n += log.append_ready(records[n:])
+            self.ready += n
+            self.live += n
+            moved += n
+            if n < len(records):
+                # still no room: back to the backend (at its end; order is not strict)
+                try:
+                    self.backend.put_many(records[n:])
+                except Exception:
+                    logger.exception("%d messages read back from %r could not be stored", len(records) - n,
+                                     self.backend)
+                break
 
-    def take_all_memory(self) -> list[bytes]:
-        out = list(self.memory)
-        self.memory.clear()
-        return out
+    def finish(self, pos: int) -> None:
+        """The record at ``pos`` is done (FIN, sampled out, handed on by a topic)."""
+        self.log.states[pos] = DONE
+        self.live -= 1
+        self._done += 1
+        if self._done >= RELEASE_EVERY:
+            self._done = 0
+            self.log.release()
 
+    # --- space ------------------------------------------------------------------------
+    def make_room(self, frame: int) -> bool:
+        """Release DONE records, then move live ones that block the front; True if a frame
+        of ``frame`` bytes may fit now."""
+        log = self.log
+        log.release()
+        self._done = 0
+        moved = 0
+        while log.free_bytes < frame + 8 and self.live < len(log) // 2 and moved < 4096:
+            front = log.front()
+            if front is None:
+                break
+            pos, state, size = front
+            if state == DONE:
+                log.release()
+                continue
+            if log.free_bytes < 2 * size:
+                break
+            state, due, message = log.message_at(pos)
+            new = log.append(message, state, due)
+            if new is None:
+                break
+            log.set_state(pos, DONE)
+            if state == READY:
+                self.again.pop(pos, None)  # the cursor finds the new copy
+            elif self.on_move is not None:
+                self.on_move(pos, new, state, message)
+            moved += 1
+            log.release()
+        if self.cursor < log.read_index:
+            self.cursor = log.read_index
+        return log.free_bytes >= frame
+
+    # --- admin ------------------------------------------------------------------------
     def empty(self) -> None:
-        self.memory.clear()
+        self.log.reset()
+        self.cursor = self.log.read_index
+        self.ready = self.live = self._done = 0
+        self.again.clear()
         self.backend.empty()
 
-    def flush(self) -> None:
-        """Move every record in memory to the backend (clean shutdown)."""
-        if self.memory:
-            self.backend.put_many(list(self.memory))
-            self.memory.clear()
+    def close(self, delete: bool = False) -> None:
+        """Detach (the segment stays for the next process) or, with ``delete``, remove it."""
+        if delete:
+            self.backend.delete()
+        else:
+            self.backend.close()
+        self.log.close()
+        if self.segment is not None:
+            if delete:
+                self.segment.unlink()
+            self.segment.close()
+
+
+def segment_queue(data_path: str, limit: int, capacity: int, kind: str, name: str,
+                  backend: Backend) -> MessageQueue:
+    """A queue whose log is in the node's shared-memory segment for ``kind``/``name``
+    (attached and marked for recovery when a previous process left it)."""
+    segment, log_, existed = open_log(data_path, kind, name, capacity)
+    return MessageQueue(log_, limit, backend, segment, recovering=existed)

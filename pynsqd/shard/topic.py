@@ -1,7 +1,8 @@
 """A topic: fans each published message out to every channel.
 
-While a topic has no channel, or is paused, messages wait in the topic's own queue (memory,
-then its backend), as in nsqd; deferred messages wait with their delay. When the first
+While a topic has no channel, or is paused, messages wait in the topic's own queue (its
+shared-memory log, then its backend), as in nsqd; deferred messages wait in the log too,
+with their wall-clock due time (counted from the DPUB, not from the channel's arrival). When the first
 channel appears or the topic is unpaused, the owner's scheduler calls ``pump`` until the
 waiting messages have moved to the channels, ``DRAIN_CHUNK`` at a time so a large backlog
 never blocks the event loop.
@@ -11,11 +12,13 @@ Channels share the published ``bytes`` objects: fan-out to N channels copies not
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from pynsqd.shard.channel import Channel
-from pynsqd.shard.queue import Backend, MessageQueue
+from pynsqd.shard.queue import MessageQueue
+from pynsqd.shm.log import DEFERRED
 from pynsqd.wire.names import is_ephemeral
 
 DRAIN_CHUNK = 2048
@@ -24,13 +27,13 @@ DRAIN_CHUNK = 2048
 class Topic:
     """One topic and its channels."""
 
-    def __init__(self, name: str, backend: Backend, mem_queue_size: int,
-                 schedule: Callable[[Any], None]) -> None:
+    def __init__(self, name: str, queue: MessageQueue, schedule: Callable[[Any], None]) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.channels: dict[str, Channel] = {}
-        self.queue = MessageQueue(mem_queue_size, backend)
-        self.waiting_deferred: list[tuple[bytes, int]] = []  # (record, delay ns) with no channel
+        self.queue = queue
+        # (record, due monotonic ns, log position or -1) waiting for a channel
+        self.waiting_deferred: list[tuple[bytes, int, int]] = []
         self.paused = False
         self.deleted = False
         self.message_count = 0
@@ -39,6 +42,15 @@ class Topic:
 
     def __repr__(self) -> str:
         return f"<Topic {self.name}>"
+
+    def recover(self) -> int:
+        """Adopt the log a previous process left; returns the number of waiting messages."""
+        now_mono, now_wall = time.monotonic_ns(), time.time_ns()
+        for pos, due_wall, record in self.queue.recover():
+            self.waiting_deferred.append((record, now_mono + max(0, due_wall - now_wall), pos))
+        if len(self.queue) or self.waiting_deferred:
+            self._schedule(self)
+        return self.depth
 
     @property
     def flowing(self) -> bool:
@@ -62,7 +74,8 @@ class Topic:
             for channel in self.channels.values():
                 channel.put_deferred(record, now + delay)
         else:
-            self.waiting_deferred.append((record, delay))
+            pos = self.queue.append(record, DEFERRED, time.time_ns() + delay)
+            self.waiting_deferred.append((record, now + delay, -1 if pos is None else pos))
         self.message_count += 1
         self.message_bytes += body_bytes
 
@@ -70,16 +83,21 @@ class Topic:
         """Move waiting messages to the channels, one chunk per call."""
         if not self.flowing:
             return
+        queue = self.queue
         if self.waiting_deferred:
-            for record, delay in self.waiting_deferred:
+            for record, due, pos in self.waiting_deferred:
                 for channel in self.channels.values():
-                    channel.put_deferred(record, now + delay)
+                    channel.put_deferred(record, due)
+                if pos >= 0:
+                    queue.finish(pos)
             self.waiting_deferred.clear()
-        records = self.queue.take(DRAIN_CHUNK)
+        positions, records = queue.take(DRAIN_CHUNK)
         if records:
             for channel in self.channels.values():
                 channel.put_many(records)
-            if len(self.queue):
+            for pos in positions:
+                queue.finish(pos)
+            if len(queue):
                 self._schedule(self)
 
     # --- channels -------------------------------------------------------------------------
@@ -111,13 +129,13 @@ class Topic:
         for channel in list(self.channels.values()):
             channel.close(delete=delete)
         if delete:
-            self.queue.empty()
-            self.queue.backend.delete()
+            self.queue.close(delete=True)
             return
-        self.queue.memory.extend(record for record, _ in self.waiting_deferred)
+        memory_only = [record for record, _, pos in self.waiting_deferred if pos < 0]
         self.waiting_deferred.clear()
-        self.queue.flush()
-        self.queue.backend.close()
+        if memory_only:
+            self.queue.backend.put_many(memory_only)
+        self.queue.close()
 
     @property
     def depth(self) -> int:

@@ -51,12 +51,13 @@ from pynsqd.shard.broker import Broker
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.crossshard import Inbound, Outbound
 from pynsqd.shard.http import NsqdHTTP
-from pynsqd.shard.node import make_backend, node_info
+from pynsqd.shard.node import make_backend, node_info, queue_factory, recoverable
 from pynsqd.shard.nodehttp import NodeHTTP, run_local
 from pynsqd.shard.protocol import ClientV2
 from pynsqd.shard.relay import Relay
 from pynsqd.shard.stats import node_stats
 from pynsqd.shard.transport import build_server_context
+from pynsqd.shm import store
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.supervisor.control import ControlChannel
 from pynsqd.supervisor.placement import Placement
@@ -90,10 +91,12 @@ class ShardWorker:
         self.opts = NsqdOptions(**boot["opts"])
         opts = self.opts
         self.placement = Placement(opts.data_dir, self.shards)
-        self.broker = Broker(opts, self._make_backend, shard=self.index, shards=self.shards)
+        self.broker = Broker(opts, self._make_backend, shard=self.index, shards=self.shards,
+                             queue_factory=queue_factory(opts))
         self.broker.start_time = boot["start_time"]
         owned = [t for t in metadata.load(opts.data_dir) if self.placement.owner(t[0]) == self.index]
-        self.broker.restore(owned)
+        self.broker.restore(owned)  # each queue attaches to its segment and recovers it
+        self._adopt_segments()
         self.outbound = Outbound(opts.data_dir, self.index, self.shards, boot["wake_fds"])
         self.inbound = Inbound(opts.data_dir, self.index, self.shards, boot["wake_fds"][self.index], self.broker)
         self.broker.router = self
@@ -117,6 +120,25 @@ class ShardWorker:
         if self.https_socket is not None and opts.tls_required == "true":
             self.app.tls_required_port = boot["https_port"]
         self.node_http = NodeHTTP(self.app, self)
+
+    def _adopt_segments(self) -> None:
+        """Segments of topics this shard owns that no queue claimed: recreate the queue when
+        the log holds messages (made too late to reach nsqd.dat before a kill -9), remove
+        the rest (deleted or ephemeral queues of this shard). Other shards' segments and
+        nameless ones (rings) are never touched here; the supervisor sweeps at node start."""
+        path = self.opts.data_dir
+        claimed = store.claimed_names(path, self.broker.queue_names())
+
+        def mine(kind: str, name: str) -> bool:
+            topic = name.partition(":")[0]
+            return kind in ("topic", "channel") and bool(topic) and self.placement.owner(topic) == self.index
+
+        for shm_name, kind, name, records in store.leftovers(path, claimed, mine):
+            if recoverable(kind, name, records):
+                log.warning("%s %s: found in shared memory only; recovering it", kind.upper(), name)
+                self.broker.adopt(kind, name)
+            else:
+                store.unlink_segment(shm_name)
 
     def _make_backend(self, queue_name: str, ephemeral: bool) -> DiskQueue:
         return make_backend(self.opts, queue_name)

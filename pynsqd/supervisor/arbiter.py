@@ -53,10 +53,11 @@ from pynsqd.options import UsageError
 from pynsqd.shard import metadata
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.crossshard import create_rings, release_rings
-from pynsqd.shard.node import lock_data_path
+from pynsqd.shard.node import lock_data_path, recoverable
 from pynsqd.shard.statsd import StatsdLines, StatsdPusher, statsd_prefix
 from pynsqd.shard.transport import build_server_context
 from pynsqd.shard.worker import BOOT_ERROR, ENV
+from pynsqd.shm import store
 from pynsqd.supervisor.aggregate import merge_stats
 from pynsqd.supervisor.control import ControlChannel, channel_pair
 from pynsqd.supervisor.handoff import greet
@@ -104,6 +105,7 @@ class Supervisor:
         self.https_socket = (bind(opts.https_address, "https-address")
                              if opts.https_address and tls_ctx is not None else None)
         self.rings = create_rings(opts.data_dir, shards)
+        self._sweep_segments(topics)
         self.wake_fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(shards)]
         self.slots = [Slot(i) for i in range(shards)]
         self.registration = Registration(self.identity, self.registrations, opts.max_body_size)
@@ -117,6 +119,21 @@ class Supervisor:
         self._next_any = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accept_task: asyncio.Task[None] | None = None
+
+    def _sweep_segments(self, topics: list[Any]) -> None:
+        """Once per node, before any shard runs: remove this node's segments that belong to
+        no queue of nsqd.dat and hold nothing worth recovering (deleted or ephemeral queues,
+        empty logs). Segments with messages of a durable queue missing from nsqd.dat stay:
+        the topic's owner (placement) recreates the queue when it boots. Rings are kept."""
+        path = self.opts.data_dir
+        queues = [("topic", t[0]) for t in topics] + [("channel", f"{t[0]}:{c[0]}") for t in topics for c in t[2]]
+        claimed = store.claimed_names(path, queues) | {seg.name for seg in self.rings}
+        for shm_name, kind, name, records in store.leftovers(path, claimed):
+            if recoverable(kind, name, records):
+                log.warning("%s %s: found in shared memory only; shard %d recovers it", kind.upper(), name,
+                            self.placement.owner(name.partition(":")[0]))
+            else:
+                store.unlink_segment(shm_name)
 
     # --- identity, registration, metadata ---------------------------------------------------
     @property

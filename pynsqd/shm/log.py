@@ -1,0 +1,264 @@
+"""A topic's or channel's messages in shared memory, each with its delivery state.
+
+Theory of operation
+-------------------
+``MessageLog`` is a ``ByteRing`` whose records are ``[16-byte state header][message]``; the
+header is ``[u8 state][7 pad][u64 due, wall-clock ns]`` and the message is NSQ's encoding,
+whose attempts field is updated in place. States:
+
+* ``READY``     waiting for delivery;
+* ``IN_FLIGHT`` delivered, not yet FINed (attempts already counts the delivery);
+* ``DEFERRED``  waiting until ``due`` (REQ with a delay, DPUB);
+* ``DONE``      finished, or moved elsewhere; only waiting to be released.
+
+The owner (one process) appends at the write end and changes states in place, so every
+message that was accepted and not FINed is in the segment whatever the process does next.
+Ready records are found by a *delivery cursor* that walks from the read index towards the
+write index, skipping records in other states. ``release`` advances the ring's read index
+past DONE records at the front (and hands whole pages it passed to ``discard``, so a drained
+ring gives its memory back). A live record at the front blocks release; ``relocate_front``
+copies it to the write end (the caller updates its references) and marks the old copy DONE.
+
+After a crash, ``recover`` walks the whole log once: in-flight records become ready again
+(attempts kept), deferred ones are reported with their due time, done ones are skipped.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+
+from pynsqd.shm.ring import FRAME_SIZE, HEADER_SIZE, WRAP, ByteRing, RingError, Writable
+
+READY = 1
+IN_FLIGHT = 2
+DEFERRED = 3
+DONE = 4
+STATE_SIZE = 16
+
+_FRAME = struct.Struct("<II")
+_DUE = struct.Struct("<Q")
+_ATTEMPTS = struct.Struct(">H")
+_ATTEMPTS_AT = STATE_SIZE + 8  # offset of the message's attempts field within a record
+READY_HEADER = bytes([READY]) + bytes(STATE_SIZE - 1)
+
+Discard = Callable[[int, int], None]
+
+
+def state_header(state: int, due: int = 0) -> bytes:
+    return bytes([state]) + bytes(7) + _DUE.pack(due)
+
+
+class MessageLog(ByteRing):
+    """Messages with delivery states over a ring buffer (one owner process)."""
+
+    __slots__ = ("_discard", "_discarded", "states")
+
+    def __init__(self, buf: Writable, *, init: bool, discard: Discard | None = None) -> None:
+        super().__init__(buf, init=init)
+        self.states = self._buf[HEADER_SIZE:]  # states[pos] is the state byte of a record
+        self._discard = discard
+        self._discarded = self._words[16]  # read index up to which pages were discarded
+
+    @property
+    def read_index(self) -> int:
+        return int(self._words[16])
+
+    @property
+    def write_index(self) -> int:
+        return int(self._words[8])
+
+    @property
+    def max_frame(self) -> int:
+        return self._max_frame
+
+    def mark(self) -> tuple[int, int]:
+        """The write end now, for ``rollback``."""
+        return int(self._words[8]), int(self._words[9])
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Drop what was appended since ``mark`` (owner only; nobody has read it yet)."""
+        self._words[9] = mark[1]
+        self._words[8] = mark[0]
+
+    # -- appending -----------------------------------------------------------------------
+
+    def append_ready(self, messages: Sequence[bytes]) -> int:
+        """Append as many ready messages as fit; return how many."""
+        return self.put_many(messages, READY_HEADER)
+
+    def append(self, message: bytes, state: int, due: int = 0) -> int | None:
+        """Append one message in ``state``; its position, or None when it does not fit."""
+        if not self.put_many((message,), state_header(state, due)):
+            return None
+        size = STATE_SIZE + len(message)
+        return (self.write_index - (size + (-size & 7))) % self._cap
+
+    # -- in place ------------------------------------------------------------------------
+
+    def set_state(self, pos: int, state: int) -> None:
+        self._buf[HEADER_SIZE + pos] = state
+
+    def set_deferred(self, pos: int, due: int) -> None:
+        _DUE.pack_into(self._buf, HEADER_SIZE + pos + 8, due)
+        self._buf[HEADER_SIZE + pos] = DEFERRED
+
+    def deliver(self, pos: int, attempts: int) -> None:
+        """Mark in flight with ``attempts`` (this delivery included)."""
+        buf = self._buf
+        _ATTEMPTS.pack_into(buf, HEADER_SIZE + pos + _ATTEMPTS_AT, attempts)
+        buf[HEADER_SIZE + pos] = IN_FLIGHT
+
+    def message_at(self, pos: int) -> tuple[int, int, bytes]:
+        """(state, due, message) of the record at ``pos``."""
+        size = _FRAME.unpack_from(self._buf, HEADER_SIZE + pos - FRAME_SIZE)[0]
+        record = self._buf[HEADER_SIZE + pos:HEADER_SIZE + pos + size].tobytes()
+        return record[0], _DUE.unpack_from(record, 8)[0], record[STATE_SIZE:]
+
+    # -- walking -------------------------------------------------------------------------
+
+    def walk(self, cursor: int, max_count: int, want: int = READY,
+             ) -> tuple[list[int], list[bytes], int]:
+        """Records in state ``want`` from index ``cursor`` on: (positions, messages, cursor).
+
+        At most ``max_count``; the returned cursor is just past the last record looked at.
+        """
+        buf = self._buf
+        cap = self._cap
+        write = self.write_index
+        read = self.read_index
+        if cursor < read:
+            cursor = read
+        unpack = _FRAME.unpack_from
+        positions: list[int] = []
+        messages: list[bytes] = []
+        while cursor < write and len(positions) < max_count:
+            pos = start = cursor % cap
+            end = pos + min(write - cursor, cap - pos)
+            starts: list[int] = []
+            ends: list[int] = []
+            while pos < end and len(starts) + len(positions) < max_count:
+                size, check = unpack(buf, HEADER_SIZE + pos)
+                if size ^ check != WRAP:
+                    raise RingError(f"corrupt record frame at {pos} (length {size})")
+                if size == WRAP:
+                    pos = cap
+                    break
+                frame = FRAME_SIZE + size + (-size & 7)
+                if pos + frame > end or size < STATE_SIZE:
+                    raise RingError(f"record length {size} at {pos} runs past the written data")
+                if buf[HEADER_SIZE + pos + FRAME_SIZE] == want:
+                    starts.append(pos + FRAME_SIZE)
+                    ends.append(pos + FRAME_SIZE + size)
+                pos += frame
+            if starts:
+                first = starts[0]
+                chunk = buf[HEADER_SIZE + first:HEADER_SIZE + ends[-1]].tobytes()
+                messages += [chunk[a - first + STATE_SIZE:b - first] for a, b in zip(starts, ends)]
+                positions += starts
+            cursor += pos - start
+        return positions, messages, cursor
+
+    def _frame_at(self, read: int) -> tuple[int, int, int]:
+        """The record at index ``read`` (< write), past a wrap marker: (index, area pos, size)."""
+        pos = read % self._cap
+        size, check = _FRAME.unpack_from(self._buf, HEADER_SIZE + pos)
+        if size == WRAP and check == 0:
+            read += self._cap - pos
+            pos = 0
+            size, check = _FRAME.unpack_from(self._buf, HEADER_SIZE)
+        if size ^ check != WRAP or size < STATE_SIZE:
+            raise RingError(f"corrupt record frame at {pos} (length {size})")
+        return read, pos, size
+
+    def front(self) -> tuple[int, int, int] | None:
+        """(position, state, frame bytes) of the oldest record, or None when empty."""
+        read = self.read_index
+        if read >= self.write_index:
+            return None
+        _, pos, size = self._frame_at(read)
+        return pos + FRAME_SIZE, self._buf[HEADER_SIZE + pos + FRAME_SIZE], FRAME_SIZE + size + (-size & 7)
+
+    def release(self) -> int:
+        """Advance the read index past DONE records at the front; return bytes released."""
+        buf = self._buf
+        cap = self._cap
+        unpack = _FRAME.unpack_from
+        write = self.write_index
+        read = start = self.read_index
+        released = 0
+        while read < write:
+            pos = read % cap
+            size, check = unpack(buf, HEADER_SIZE + pos)
+            if size == WRAP or size ^ check != WRAP or size < STATE_SIZE:
+                read, pos, size = self._frame_at(read)  # a wrap marker (or corruption: raises)
+            if buf[HEADER_SIZE + pos + FRAME_SIZE] != DONE:
+                break
+            read += FRAME_SIZE + size + (-size & 7)
+            released += 1
+        if read != start:
+            self._advance(read, released)
+            self._discard_pages(read)
+        return read - start
+
+    def _discard_pages(self, read: int) -> None:
+        """Give back the pages released since the last discard, once there is 1 MiB of them."""
+        if self._discard is None or read - self._discarded < (1 << 20):
+            return
+        cap = self._cap
+        # never the area of live records: those are the last (write - read) bytes before write
+        begin = max(self._discarded, self.write_index - cap)
+        a, b = begin % cap, read % cap
+        if read - begin >= cap:  # only when empty: the whole area
+            self._discard(HEADER_SIZE, cap)
+        elif a < b:
+            self._discard(HEADER_SIZE + a, b - a)
+        else:
+            self._discard(HEADER_SIZE + a, cap - a)
+            self._discard(HEADER_SIZE, b)
+        self._discarded = read
+
+    def close(self) -> None:
+        self.states.release()
+        super().close()
+
+    def reset(self) -> None:
+        """Empty the log and give all its pages back."""
+        super().reset()
+        self._discarded = 0
+        if self._discard is not None:
+            self._discard(HEADER_SIZE, self._cap)
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def recover_states(self) -> tuple[int, list[tuple[int, int, bytes]], int]:
+        """After a restart: in flight → ready. Returns (ready count, [(pos, due, message)]
+        of deferred records, live records). ``RingError`` if a frame is corrupt."""
+        self.recover()
+        buf = self._buf
+        write = self.write_index
+        read = self.read_index
+        ready = 0
+        live = 0
+        deferred: list[tuple[int, int, bytes]] = []
+        while read < write:
+            at, pos, size = self._frame_at(read)
+            record = pos + FRAME_SIZE
+            state = buf[HEADER_SIZE + record]
+            if state in (READY, IN_FLIGHT):
+                buf[HEADER_SIZE + record] = READY
+                ready += 1
+                live += 1
+            elif state == DEFERRED:
+                _, due, message = self.message_at(record)
+                deferred.append((record, due, message))
+                live += 1
+            elif state != DONE:
+                raise RingError(f"record at {pos} has unknown state {state}")
+            read = at + FRAME_SIZE + size + (-size & 7)
+        return ready, deferred, live
+
+    @staticmethod
+    def frame_of(message_size: int) -> int:
+        size = STATE_SIZE + message_size
+        return FRAME_SIZE + size + (-size & 7)

@@ -1,0 +1,139 @@
+"""Where a node's topic and channel logs live: one shared-memory segment per queue.
+
+A segment is ``[4 KiB name page][MessageLog]``. The name page holds the kind and name of the
+queue it belongs to (``PYNSQSEG``, u16 length, ``kind NUL name``), so a restarted process
+can find every queue the dead one had — even one created too late to reach ``nsqd.dat`` —
+without anything only the dead process knew. Segment names come from
+``segment.segment_name(data path, kind, name)``; channels are named ``topic:channel``.
+
+``open_log`` attaches to an existing segment (and says so: the caller then recovers the
+log) or makes a new one; a segment that does not hold a valid log is logged, reset and
+reused. ``leftovers`` lists this node's segments that no queue claimed, with the name each
+records; the owner recreates the ones with live messages and unlinks the rest. A drained
+log hands its pages back with ``madvise(MADV_REMOVE)`` (``discard``), so resident memory
+follows what is queued, not what has passed through.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import struct
+from collections.abc import Callable
+
+from pynsqd.shm.log import Discard, MessageLog
+from pynsqd.shm.ring import RingError, buffer_size
+from pynsqd.shm.segment import Segment, SegmentError, list_segments, segment_name, unlink_segment
+
+log = logging.getLogger("pynsqd.shm")
+
+NAME_PAGE = 4096
+_NAME_MAGIC = b"PYNSQSEG"
+_NAME_LEN = struct.Struct("<H")
+PAGE = mmap.PAGESIZE
+
+
+def log_capacity(mem_queue_bytes: int, max_msg_size: int) -> int:
+    """Record-area bytes of a queue's log: the flag, but room for two of the largest messages."""
+    need = 2 * (max_msg_size + 26 + 16 + 8) + 64
+    return (max(mem_queue_bytes, need) + PAGE - 1) // PAGE * PAGE
+
+
+def _write_name(buf: mmap.mmap, kind: str, name: str) -> None:
+    text = f"{kind}\0{name}".encode()
+    buf[:NAME_PAGE] = (_NAME_MAGIC + _NAME_LEN.pack(len(text)) + text).ljust(NAME_PAGE, b"\0")
+
+
+def read_name(buf: mmap.mmap) -> tuple[str, str] | None:
+    """(kind, name) recorded in a segment, or None if it holds none."""
+    if len(buf) < NAME_PAGE or buf[:8] != _NAME_MAGIC:
+        return None
+    size = _NAME_LEN.unpack_from(buf, 8)[0]
+    kind, _, name = bytes(buf[10:10 + size]).decode(errors="replace").partition("\0")
+    return kind, name
+
+
+def _discarder(buf: mmap.mmap) -> Discard:
+    def discard(offset: int, length: int) -> None:
+        start = (NAME_PAGE + offset + PAGE - 1) // PAGE * PAGE
+        end = (NAME_PAGE + offset + length) // PAGE * PAGE
+        if end > start:
+            try:
+                buf.madvise(mmap.MADV_REMOVE, start, end - start)
+            except OSError:
+                pass
+    return discard
+
+
+def open_log(data_path: str, kind: str, name: str, capacity: int) -> tuple[Segment, MessageLog, bool]:
+    """The segment and log of a queue; the flag says it existed (the caller recovers it)."""
+    shm_name = segment_name(data_path, kind, name)
+    try:
+        segment = Segment.open(shm_name, NAME_PAGE + buffer_size(capacity), create=True)
+    except SegmentError as exc:
+        raise OSError(str(exc)) from exc
+    buf = segment.buf
+    area = memoryview(buf)[NAME_PAGE:]
+    discard = _discarder(buf)
+    existed = not segment.created
+    try:
+        if existed and read_name(buf) == (kind, name):
+            try:
+                return segment, MessageLog(area, init=False, discard=discard), True
+            except RingError as exc:
+                log.error("%s %s: shared memory log unusable (%s); starting it empty", kind, name, exc)
+        elif existed:
+            log.error("%s %s: segment %s holds another queue; starting it empty", kind, name, shm_name)
+        _write_name(buf, kind, name)
+        return segment, MessageLog(area, init=True, discard=discard), False
+    finally:
+        area.release()  # the log holds its own view
+
+
+Leftover = tuple[str, str, str, int]  # shm name, kind, name, records in the log
+
+
+def leftovers(data_path: str, claimed: set[str],
+              mine: Callable[[str, str], bool] | None = None) -> list[Leftover]:
+    """This node's segments not in ``claimed``, with the queue each records ("" if none) and
+    how many records its log holds (0 if it holds no valid log). With ``mine``, only the
+    segments whose recorded (kind, name) it accepts (a shard looks only at its own topics'
+    segments, never at another live shard's, nor at a nameless one: a ring, or a segment
+    another process is creating right now)."""
+    out: list[Leftover] = []
+    for shm_name in list_segments(data_path):
+        if shm_name in claimed:
+            continue
+        kind = name = ""
+        records = 0
+        try:
+            segment = Segment.open(shm_name, 0, create=False)
+        except SegmentError:
+            continue
+        try:
+            recorded = read_name(segment.buf)
+            if mine is not None and (recorded is None or not mine(*recorded)):
+                continue
+            if recorded is not None:
+                kind, name = recorded
+                area = memoryview(segment.buf)[NAME_PAGE:]
+                try:
+                    ring = MessageLog(area, init=False)
+                    records = len(ring)
+                    ring.close()
+                except RingError:
+                    pass
+                finally:
+                    area.release()
+        finally:
+            segment.close()
+        out.append((shm_name, kind, name, records))
+    return out
+
+
+def claimed_names(data_path: str, queues: list[tuple[str, str]]) -> set[str]:
+    """The shm names of ``[(kind, name)]`` queues."""
+    return {segment_name(data_path, kind, name) for kind, name in queues}
+
+
+__all__ = ["claimed_names", "leftovers", "log_capacity", "open_log", "read_name", "unlink_segment"]

@@ -1,0 +1,205 @@
+"""Zero loss on a crash, against the real server: kill -9 (and SIGTERM) with messages queued
+in shared memory and on disk, in flight, deferred, and waiting at a topic with no channel;
+then restart on the same data path and consume the rest."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pynsqd.shm.segment import list_segments
+from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_req
+from tests.harness import Daemon, scaled, wait_for
+from tests.rawclient import RawClient
+from tests.test_protocol import channel_stats, topic_stats
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFER_MS = 2500
+
+
+def pynsq_publish(nsqd: Daemon, topic: str, count: int, prefix: str) -> None:
+    """Publish ``count`` bodies ``<prefix><i>`` with pynsq (MPUB of 100) in its own process."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "clients" / "pynsq_app.py"), "pub", "--nsqd",
+         "{}:{}".format(*nsqd.tcp), "--topic", topic, "--count", str(count), "--mpub", "100", "--prefix", prefix],
+        capture_output=True, timeout=scaled(60), text=True)
+    assert out.stdout.strip() == f"published {count}", out.stderr
+
+
+def sync(c: RawClient) -> None:
+    """Every command sent on ``c`` before this has been processed (PUB answers in order)."""
+    c.send(encode_pub("sync#ephemeral", b"."))
+    c.expect_ok()
+
+
+class Scenario:
+    """Publishes and consumes part; knows what must come back."""
+
+    def __init__(self, nsqd: Daemon) -> None:
+        self.nsqd = nsqd
+        self.acked: set[bytes] = set()
+        self.finished: set[bytes] = set()
+        self.deferred: dict[bytes, float] = {}  # body → wall time before which it must not come
+        self.in_flight: set[bytes] = set()
+        self.orphans: set[bytes] = set()
+
+    def run(self, crash: Callable[[], None]) -> None:
+        nsqd = self.nsqd
+        c = RawClient(nsqd.tcp)
+        c.subscribe("crash", "ch", rdy=0)
+        pynsq_publish(nsqd, "crash", 3000, "p")  # 500 in shared memory, the rest spills to disk
+        self.acked |= {b"p%d" % i for i in range(3000)}
+        with RawClient(nsqd.tcp) as p:  # a topic with no channel: its own log and disk queue
+            for i in range(300):
+                p.send(encode_pub("lonely", b"o%d" % i))
+                p.expect_ok()
+            p.send(encode_dpub("lonely", DEFER_MS, b"o-deferred"))
+            p.expect_ok()
+        self.orphans = {b"o%d" % i for i in range(300)} | {b"o-deferred"}
+        dpub_due = time.time() + DEFER_MS / 1000
+        c.send(b"RDY 400\n")
+        msgs = c.read_messages(400)
+        c.send(b"RDY 0\n")
+        for m in msgs[:150]:
+            c.send(encode_fin(m.id))
+            self.finished.add(m.body)
+        req_at = time.time()
+        for m in msgs[150:250]:
+            c.send(encode_req(m.id, DEFER_MS))
+            self.deferred[m.body] = req_at + DEFER_MS / 1000
+        self.in_flight = {m.body for m in msgs[250:]}
+        sync(c)
+        stats = channel_stats(nsqd, "crash", "ch")
+        assert (stats["in_flight_count"], stats["deferred_count"]) == (150, 100)
+        assert stats["depth"] == 3000 - 400 and stats["backend_depth"] > 0
+        # keep publishing while the process dies: every body that got OK must survive
+        stop = threading.Event()
+
+        def publish() -> None:
+            with RawClient(nsqd.tcp) as p:
+                i = 0
+                while not stop.is_set():
+                    body = b"late%d" % i
+                    try:
+                        p.send(encode_pub("crash", body))
+                        p.expect_ok()
+                    except (OSError, TimeoutError, AssertionError):
+                        return
+                    self.acked.add(body)
+                    i += 1
+
+        publisher = threading.Thread(target=publish)
+        publisher.start()
+        try:
+            deadline = time.monotonic() + scaled(10)
+            while len(self.acked) < 3050 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            crash()
+        finally:
+            stop.set()
+            publisher.join(scaled(10))
+            c.close()
+        self.orphans.add(b"o-deferred")
+        self.dpub_due = dpub_due
+
+    def consume_rest(self, again: Daemon, exactly_once: bool) -> dict[bytes, tuple[int, float]]:
+        """Read until every expected body has arrived; {body: (attempts, arrival wall time)}."""
+        expected = (self.acked - self.finished)
+        got: dict[bytes, tuple[int, float]] = {}
+        redelivered: list[bytes] = []
+        with RawClient(again.tcp) as c:
+            c.subscribe("crash", "ch", rdy=500)
+            deadline = time.monotonic() + scaled(30)
+            while not expected <= set(got) and time.monotonic() < deadline:
+                m = c.read_message(timeout=scaled(10))
+                if m.body in got:
+                    redelivered.append(m.body)
+                got[m.body] = (m.attempts, time.time())
+                c.send(encode_fin(m.id))
+            if exactly_once:
+                c.expect_nothing(0.3)
+        missing = expected - set(got)
+        assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+        if exactly_once:
+            assert not redelivered and not (set(got) & self.finished)
+        return got
+
+    def check(self, got: dict[bytes, tuple[int, float]], again: Daemon) -> None:
+        for body in self.in_flight:
+            assert got[body][0] >= 2, body  # delivered before the crash: attempts kept
+        for body, due in self.deferred.items():
+            assert got[body][1] >= due - 0.05, (body, got[body][1] - due)  # due time kept
+            assert got[body][0] >= 2
+        with RawClient(again.tcp) as c:
+            c.subscribe("lonely", "ch", rdy=500)
+            lonely = {c.read_message(timeout=scaled(10)).body for _ in range(300)}
+            assert lonely == self.orphans - {b"o-deferred"}
+            m = c.read_message(timeout=scaled(10))
+            assert m.body == b"o-deferred" and time.time() >= self.dpub_due - 0.05
+            c.send(encode_fin(m.id))
+
+
+@pytest.mark.parametrize("how", ["kill-9", "sigterm"])
+def test_restart_after_a_crash_loses_nothing_acknowledged(nsqd_factory: Callable[..., Daemon],
+                                                          tmp_path: Path, how: str) -> None:
+    args = ("--mem-queue-size=500", "--max-bytes-per-file=65536")
+    nsqd = nsqd_factory(*args, data_path=tmp_path)
+    scenario = Scenario(nsqd)
+    scenario.run(nsqd.kill if how == "kill-9" else lambda: nsqd.stop())
+    assert list_segments(str(tmp_path))  # the queues outlived the process
+    again = nsqd_factory(*args, data_path=tmp_path)
+    stats = channel_stats(again, "crash", "ch")
+    assert stats["in_flight_count"] == 0 and stats["deferred_count"] == 100
+    assert stats["depth"] >= len(scenario.acked) - 400  # ready + spilled, plus the 150 in flight
+    lonely = topic_stats(again, "lonely")
+    assert lonely is not None and lonely["depth"] >= 301
+    got = scenario.consume_rest(again, exactly_once=how == "sigterm")
+    scenario.check(got, again)
+
+
+def test_deleted_and_leftover_segments_are_removed(nsqd_factory: Callable[..., Daemon],
+                                                   tmp_path: Path) -> None:
+    nsqd = nsqd_factory(data_path=tmp_path)
+    with RawClient(nsqd.tcp) as c:
+        c.subscribe("gone", "ch", rdy=0)
+    with RawClient(nsqd.tcp) as p:
+        p.send(encode_pub("gone", b"x"))
+        p.expect_ok()
+        p.send(encode_pub("kept", b"y"))
+        p.expect_ok()
+    names = list_segments(str(tmp_path))
+    assert len(names) == 3 and any(n.endswith("-topic-gone") for n in names)
+    import httpx
+    assert httpx.post(f"{nsqd.http_url}/topic/delete?topic=gone", timeout=10).status_code == 200
+    assert [n.rsplit("-", 1)[-1] for n in list_segments(str(tmp_path))] == ["kept"]
+    nsqd.kill()
+    # a queue that never reached nsqd.dat still comes back from shared memory
+    (tmp_path / "nsqd.dat").unlink(missing_ok=True)
+    again = nsqd_factory(data_path=tmp_path)
+    kept = topic_stats(again, "kept")
+    assert kept is not None and kept["depth"] == 1
+
+
+def test_ephemeral_queues_keep_mem_queue_size_drop_the_rest_and_never_touch_disk(
+        nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    nsqd = nsqd_factory("--mem-queue-size=10", data_path=tmp_path)
+    c = RawClient(nsqd.tcp)
+    c.subscribe("e#ephemeral", "ch#ephemeral", rdy=0)
+    with RawClient(nsqd.tcp) as p:
+        p.send(encode_mpub("e#ephemeral", [b"%d" % i for i in range(50)]))
+        p.expect_ok()
+    stats = channel_stats(nsqd, "e#ephemeral", "ch#ephemeral")
+    assert (stats["depth"], stats["backend_depth"]) == (10, 0)
+    assert not [f for f in tmp_path.iterdir() if "ephemeral" in f.name]
+    c.send(b"RDY 50\n")
+    assert [m.body for m in c.read_messages(10)] == [b"%d" % i for i in range(10)]
+    c.expect_nothing(0.3)
+    assert len(list_segments(str(tmp_path))) == 2
+    c.close()  # the last consumer goes: channel and topic go, and their segments with them
+    wait_for(lambda: not list_segments(str(tmp_path)), what="ephemeral segments unlinked")
