@@ -28,6 +28,7 @@ class Consumer:
         self.connections = 0
         self.subscribed = asyncio.Event()
         self.unfinished_on_lost: set[bytes] = set()  # delivered on a connection that died
+        self.attempts: dict[bytes, list[int]] = {}  # body → attempts of each delivery
         self._task: asyncio.Task[None] | None = None
         self._stop = False
 
@@ -71,8 +72,9 @@ class Consumer:
                     elif kind == FRAME_ERROR:
                         raise ConnectionError(payload.decode())
                     elif kind == FRAME_MESSAGE:
-                        _, _, msg_id, body = decode_message(payload)
+                        _, attempts, msg_id, body = decode_message(payload)
                         self.received[body] = self.received.get(body, 0) + 1
+                        self.attempts.setdefault(body, []).append(attempts)
                         delivered.add(body)
                         out.append(encode_fin(msg_id))
                 if out:
