@@ -95,6 +95,7 @@ class ClientV2(asyncio.Protocol):
                  handoff: tuple[dict[str, Any], bytes] | None = None) -> None:
         self.broker = broker
         self._handoff = handoff  # (state, unread bytes) of a connection adopted from elsewhere
+        self._unreplayed = b""  # handed-over bytes not yet fed to the parser
         self._stalled = False  # the next command waits for room in another shard's ring
         self._stall_timer: asyncio.TimerHandle | None = None
         self.opts = opts
@@ -158,17 +159,15 @@ class ClientV2(asyncio.Protocol):
         self._arm_heartbeat()
         log.debug("TCP: new client(%s)", self.remote_address)
         if handoff is not None and handoff[1]:
-            # Replay the handed-over bytes once the transport is fully started (an upgrade
-            # they ask for pauses and resumes reading, which uvloop ignores inside
-            # connection_made); reading waits until then so the order on the wire holds.
-            self.transport.pause_reading()
-            asyncio.get_running_loop().call_soon(self._replay, handoff[1])
+            # Replay the handed-over bytes once the transport is fully started: an upgrade
+            # they ask for pauses reading, which uvloop ignores inside connection_made. Bytes
+            # read from the socket before the replay runs go behind them (data_received).
+            self._unreplayed = handoff[1]
+            asyncio.get_running_loop().call_soon(self._replay)
 
-    def _replay(self, unread: bytes) -> None:
-        if self._closing or self.transport is None:
-            return
-        self.transport.resume_reading()
-        self.data_received(unread)
+    def _replay(self) -> None:
+        if self._unreplayed:
+            self.data_received(b"")
 
     def _adopt(self, state: dict[str, Any], unread: bytes) -> None:
         """Take over what the supervisor (or another shard) already did on this connection."""
@@ -205,6 +204,8 @@ class ClientV2(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
+        if self._unreplayed:
+            data, self._unreplayed = self._unreplayed + data, b""
         self._last_read = time.monotonic_ns()
         if len(self._magic) < 4:
             need = 4 - len(self._magic)
