@@ -202,7 +202,8 @@ def one_run(args: argparse.Namespace) -> Figures:
     ctx = mp.get_context("spawn")
     figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as data:
-        proc, tcp_port, _ = start_node(data, f"--mem-queue-size={args.mem_queue_size}", "--log-level=info")
+        flags = [f"--mem-queue-bytes={args.mem_queue_bytes}"] if args.mem_queue_bytes else []
+        proc, tcp_port, _ = start_node(data, f"--mem-queue-size={args.mem_queue_size}", "--log-level=info", *flags)
         addr = ("127.0.0.1", tcp_port)
         meter = Meter(proc.pid)
         try:
@@ -248,6 +249,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=200, help="messages per MPUB")
     parser.add_argument("--workers", type=int, default=2, help="load processes per phase")
     parser.add_argument("--mem-queue-size", type=int, default=1_000_000)
+    parser.add_argument("--mem-queue-bytes", type=int, default=0,
+                        help="shared memory per queue (pynsqd flag; 0: the node's default, 32 MiB)")
     parser.add_argument("--rate", type=int, default=20_000, help="msgs/s during the latency phase")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
