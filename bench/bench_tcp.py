@@ -224,7 +224,8 @@ def one_run(args: argparse.Namespace) -> Figures:
     ctx = mp.get_context("spawn")
     figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as data:
-        proc, tcp_port, _ = start_node(data, f"--mem-queue-size={args.mem_queue_size}", "--log-level=info")
+        flags = [f"--mem-queue-bytes={args.mem_queue_bytes}"] if args.mem_queue_bytes else []
+        proc, tcp_port, _ = start_node(data, f"--mem-queue-size={args.mem_queue_size}", "--log-level=info", *flags)
         addr = ("127.0.0.1", tcp_port)
         meter = Meter(proc.pid)
         try:
@@ -267,6 +268,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runfor", type=float, default=10.0, help="seconds per publish/consume phase")
     add_load_args(parser)
+    parser.add_argument("--mem-queue-bytes", type=int, default=0,
+                        help="shared memory per queue (pynsqd flag; 0: the node's default, 32 MiB)")
     parser.add_argument("--rate", type=int, default=20_000, help="msgs/s during the latency phase")
     args = parser.parse_args()
     report(one_run, args, f"{args.size}-byte messages, MPUB batch {args.batch}")
