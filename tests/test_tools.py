@@ -83,6 +83,9 @@ def test_bad_flags_are_one_line_and_exit_1(name: str) -> None:
         _, err = p.communicate(timeout=scaled(20))
         assert p.returncode == 1, (args, err)
         assert err.decode().count("\n") == 1 and err.decode().startswith(f"{name}: error: "), err
+    p = tool(name, "--help")
+    out, err = p.communicate(timeout=scaled(20))
+    assert p.returncode == 0 and b"--topic" in out, err
 
 
 def test_to_nsq_100k_lines_to_nsq_to_file_rotated_and_gzipped(nsqd: Daemon, tmp_path: Path,
