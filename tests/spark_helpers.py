@@ -134,6 +134,7 @@ class SparkProcess:
 
 def start_standalone(tmp: Path) -> tuple[str, list[SparkProcess]]:
     """A standalone master and one worker on free ports; returns the master URL and processes."""
+    tmp.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1",
                SPARK_WORKER_DIR=str(tmp / "work"), SPARK_LOCAL_DIRS=str(tmp / "local"))
     port, webui = free_port(), free_port()

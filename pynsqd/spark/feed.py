@@ -60,7 +60,9 @@ class Feed:
             lookupd_poll_interval=15.0,
             identity=Identity(msg_timeout=self.opts.msg_timeout_ms, user_agent="pynsqd.spark"),
         )
-        await self._consumer.start()
+        # start() waits up to connect_timeout for the first connections; messages flow as soon as
+        # they are up, so do not hold the runner for it.
+        asyncio.ensure_future(self._consumer.start())
         self._touch_task = asyncio.ensure_future(self._touch_loop())
 
     def _on_message(self, message: Message) -> None:

@@ -57,7 +57,7 @@ class SourceOptions:
     nsqd: tuple[str, ...]
     lookupd: tuple[str, ...]
     topic: str
-    channel: str
+    channel: str  # default "spark"
     max_batch: int
     max_in_flight: int
     msg_timeout_ms: int
@@ -81,7 +81,7 @@ class SourceOptions:
         return cls(
             nsqd=tuple(nsqd), lookupd=tuple(lookupd),
             topic=_name(opts, "topic"),
-            channel=_name(opts, "channel"),
+            channel=_name(opts, "channel", required=False) or "spark",
             max_batch=max_batch, max_in_flight=max_in_flight,
             msg_timeout_ms=_int(opts, "msgTimeout", 60_000, minimum=1000),
             partitions=_int(opts, "partitions", 2),

@@ -128,7 +128,8 @@ def progress_line(query: Any, started: float) -> str:
     p = query.lastProgress or {}
     rows = p.get("numInputRows", 0)
     rate = p.get("processedRowsPerSecond", 0.0)
-    newest = ((p.get("observedMetrics") or {}).get("pipeline") or {}).get("newest")
+    observed = (p.get("observedMetrics") or {}).get("pipeline")
+    newest = observed["newest"] if observed is not None else None
     lag = "-"
     if newest:
         from datetime import datetime
@@ -147,9 +148,6 @@ def run(argv: list[str]) -> int:
         raise UsageError("give --nsqd-tcp-address or --lookupd-http-address")
     if not opts.output_dir and not opts.output_topic:
         raise UsageError("give --output-dir and/or --output-topic")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -158,6 +156,11 @@ def run(argv: list[str]) -> int:
         builder = builder.master(opts.master)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    # After the session: SparkContext installs its own SIGINT handler (cancel jobs, raise
+    # KeyboardInterrupt); ours only sets an event, and the main loop stops the query.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     from pynsqd.spark import register
 
     register(spark)  # auto-registration covers local runs; a cluster launched from here needs it
