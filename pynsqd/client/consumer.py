@@ -1,0 +1,416 @@
+"""Consuming: ``Consumer`` subscribes to one topic/channel on every nsqd that carries it.
+
+Theory of operation. The consumer owns one ``_Conn`` per nsqd (key: ``host:port``), found
+either from ``nsqd_tcp_addresses`` or by polling ``lookupd_http_addresses``
+(``pynsqd.client.discovery``). Each connection is set up as the client guide says — magic,
+IDENTIFY, SUB, then RDY — and its message frames go to ``_on_message``:
+
+- ``attempts > max_attempts`` (when ``max_attempts > 0``): ``on_discard(message)`` is called and
+  the message is FINed (NSQ's "give up"), without counting for backoff;
+- otherwise ``handler(message)`` runs. A plain function runs inline; a coroutine function
+  runs as a task (at most ``max_in_flight`` at once, since nsqd never has more in flight).
+  Returning normally FINs the message, returning ``False`` or raising REQs it with backoff —
+  unless the handler answered it itself or called ``message.disable_auto_response()``.
+
+RDY is kept by ``pynsqd.client.rdy.RdyBook`` (pure state) and backoff by
+``pynsqd.client.backoff.Backoff`` (pure state); this module only turns their answers into RDY
+commands and timers. A timer every ``rdy_redistribute_interval`` rebalances RDY (it moves RDY
+away from idle connections when ``max_in_flight`` is smaller than the number of connections).
+
+Reconnection: a direct address is retried after ``reconnect_interval``, doubling per failure
+up to ``max_reconnect_interval``. A discovered address is not retried: the next lookupd poll
+brings it back if it is still listed; a node that every lookupd stopped listing is closed.
+
+``stop()`` is graceful: stop discovery, send CLS everywhere (nsqd stops sending), wait up to
+``grace`` seconds for in-flight messages to be answered, then close the connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from pynsqd.client import http as nsq_http
+from pynsqd.client.backoff import Action, Backoff
+from pynsqd.client.config import Identity
+from pynsqd.client.connection import DEFAULT_MAX_RDY_COUNT, NSQProtocol, RawMessage, open_connection
+from pynsqd.client.discovery import lookup, poll_delay
+from pynsqd.client.errors import ClientClosedError, NSQError, ResponseError
+from pynsqd.client.message import Message
+from pynsqd.client.rdy import RdyBook
+from pynsqd.wire.commands import CLS, encode_fin, encode_rdy, encode_req, encode_sub, encode_touch
+from pynsqd.wire.names import is_valid_channel_name, is_valid_topic_name
+
+log = logging.getLogger("pynsqd.client")
+
+Handler = Callable[[Message], "bool | Awaitable[bool | None] | None"]
+
+
+class _Conn:
+    """One subscribed connection to one nsqd."""
+
+    __slots__ = ("address", "discovered", "proto", "settings")
+
+    def __init__(self, address: str, proto: NSQProtocol, settings: dict[str, Any], discovered: bool) -> None:
+        self.address = address
+        self.proto = proto
+        self.settings = settings
+        self.discovered = discovered
+
+    def send(self, data: bytes) -> None:
+        self.proto.send(data)
+
+
+class Consumer:
+    """Subscribes ``handler`` to ``topic``/``channel``. ``await start()``, then let it run;
+    ``await stop()`` to finish. See the package docstring for the options."""
+
+    def __init__(self, topic: str, channel: str, handler: Handler, *,
+                 nsqd_tcp_addresses: Iterable[str] = (), lookupd_http_addresses: Iterable[str] = (),
+                 max_in_flight: int = 1, max_attempts: int = 5,
+                 on_discard: Callable[[Message], None] | None = None,
+                 requeue_delay: float = 90.0, max_requeue_delay: float = 900.0,
+                 backoff_multiplier: float = 1.0, max_backoff_duration: float = 120.0,
+                 lookupd_poll_interval: float = 60.0, lookupd_poll_jitter: float = 0.3,
+                 low_rdy_idle_timeout: float = 10.0, rdy_redistribute_interval: float = 5.0,
+                 reconnect_interval: float = 1.0, max_reconnect_interval: float = 60.0,
+                 connect_timeout: float = 5.0, identity: Identity | None = None,
+                 rng: random.Random | None = None) -> None:
+        if not is_valid_topic_name(topic):
+            raise ValueError(f"invalid topic name {topic!r}")
+        if not is_valid_channel_name(channel):
+            raise ValueError(f"invalid channel name {channel!r}")
+        self.nsqd_tcp_addresses = list(nsqd_tcp_addresses)
+        self.lookupd_http_addresses = list(lookupd_http_addresses)
+        if not self.nsqd_tcp_addresses and not self.lookupd_http_addresses:
+            raise ValueError("give nsqd_tcp_addresses or lookupd_http_addresses")
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        self.topic, self.channel, self.handler = topic, channel, handler
+        self.max_attempts = max_attempts
+        self.on_discard = on_discard
+        self.requeue_delay, self.max_requeue_delay = requeue_delay, max_requeue_delay
+        self.lookupd_poll_interval, self.lookupd_poll_jitter = lookupd_poll_interval, lookupd_poll_jitter
+        self.rdy_redistribute_interval = rdy_redistribute_interval
+        self.reconnect_interval, self.max_reconnect_interval = reconnect_interval, max_reconnect_interval
+        self.connect_timeout = connect_timeout
+        self.identity = identity or Identity()
+        self.rng = rng or random.Random()
+        self.rdy = RdyBook(max_in_flight, low_rdy_idle_timeout)
+        self.backoff = Backoff(backoff_multiplier, max_backoff_duration)
+        self.conns: dict[str, _Conn] = {}
+        self.stats = {"received": 0, "finished": 0, "requeued": 0, "discarded": 0, "connects": 0}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._handler_tasks: set[asyncio.Task[Any]] = set()
+        self._pending: set[str] = set()  # discovered addresses being connected
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._backoff_timer: asyncio.TimerHandle | None = None
+        self._started = False
+        self._stopping = False
+        self._closed = asyncio.Event()
+        self._is_coroutine = inspect.iscoroutinefunction(handler)
+
+    # --- public -------------------------------------------------------------------------------
+    @property
+    def max_in_flight(self) -> int:
+        return self.rdy.max_in_flight
+
+    def is_starved(self) -> bool:
+        """True when some connection has (nearly) all its RDY in flight: process a batch now."""
+        return self.rdy.is_starved()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def start(self) -> None:
+        """Connect to the direct addresses and start discovery. Returns once the first
+        connections were attempted (failed direct addresses keep retrying in the background)."""
+        if self._started:
+            return
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        first = [asyncio.Event() for _ in self.nsqd_tcp_addresses]
+        for address, attempted in zip(self.nsqd_tcp_addresses, first):
+            self._spawn(self._direct(address, attempted))
+        if self.lookupd_http_addresses:
+            self._http = nsq_http.make_client(self.connect_timeout, self.connect_timeout * 2)
+            await self._poll_once()
+            self._spawn(self._poll_loop())
+        self._spawn(self._redistribute_loop())
+        if first:
+            waits = [asyncio.ensure_future(e.wait()) for e in first]
+            _, pending = await asyncio.wait(waits, timeout=self.connect_timeout * 2)
+            for waiter in pending:
+                waiter.cancel()
+
+    async def stop(self, grace: float = 30.0) -> None:
+        """Stop gracefully (see the module docstring). Idempotent."""
+        if self._stopping:
+            await self._closed.wait()
+            return
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._backoff_timer is not None:
+            self._backoff_timer.cancel()
+        await asyncio.gather(*(self._cls(c) for c in list(self.conns.values())), return_exceptions=True)
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace)
+        except TimeoutError:
+            log.warning("stop: %d message(s) still in flight after %.1fs", self._in_flight, grace)
+        for task in list(self._handler_tasks):
+            task.cancel()
+        await asyncio.gather(*self._handler_tasks, return_exceptions=True)
+        for conn in list(self.conns.values()):
+            conn.proto.close()
+        await asyncio.gather(*(c.proto.closed.wait() for c in list(self.conns.values())))
+        if getattr(self, "_http", None) is not None:
+            await self._http.aclose()
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    # --- connections --------------------------------------------------------------------------
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _connect(self, address: str, discovered: bool) -> _Conn:
+        proto, settings = await open_connection(address, self.identity.to_json(), self.connect_timeout)
+        try:
+            await proto.command(encode_sub(self.topic, self.channel), self.connect_timeout)
+        except BaseException:
+            proto.abort()
+            raise
+        if self._stopping:
+            proto.close()
+            raise ClientClosedError("consumer is stopping")
+        conn = _Conn(address, proto, settings, discovered)
+        proto.on_message = lambda raw: self._on_message(conn, raw)
+        proto.on_error = lambda err: log.warning("%s: %s", address, err)
+        self.conns[address] = conn
+        self.stats["connects"] += 1
+        max_rdy = int(settings.get("max_rdy_count", DEFAULT_MAX_RDY_COUNT))
+        self.rdy.add(address, max_rdy, self._loop.time())
+        log.info("%s: subscribed to %s/%s", address, self.topic, self.channel)
+        if self.backoff.active:
+            self._send_rdy(address, 0)
+        else:
+            self._apply(self.rdy.rebalance(self._loop.time(), self.rng))
+        return conn
+
+    def _lost(self, conn: _Conn) -> None:
+        if self.conns.get(conn.address) is conn:
+            del self.conns[conn.address]
+            self.rdy.remove(conn.address)
+            if not self._stopping and not self.backoff.active:
+                self._apply(self.rdy.rebalance(self._loop.time(), self.rng))
+
+    async def _direct(self, address: str, attempted: asyncio.Event) -> None:
+        failures = 0
+        while not self._stopping:
+            try:
+                conn = await self._connect(address, discovered=False)
+            except (NSQError, ValueError) as exc:
+                attempted.set()
+                failures += 1
+                delay = min(self.max_reconnect_interval, self.reconnect_interval * 2 ** (failures - 1))
+                log.warning("%s: %s; retrying in %.1fs", address, exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            attempted.set()
+            failures = 0
+            await conn.proto.closed.wait()
+            self._lost(conn)
+            if not self._stopping:
+                log.warning("%s: connection lost; reconnecting in %.1fs", address, self.reconnect_interval)
+                await asyncio.sleep(self.reconnect_interval)
+
+    async def _discovered(self, address: str) -> None:
+        try:
+            conn = await self._connect(address, discovered=True)
+        except (NSQError, ValueError) as exc:
+            log.warning("%s: %s (will retry if lookupd still lists it)", address, exc)
+            return
+        finally:
+            self._pending.discard(address)
+        await conn.proto.closed.wait()
+        self._lost(conn)
+
+    async def _poll_once(self) -> None:
+        result = await lookup(self._http, self.lookupd_http_addresses, self.topic)
+        for address in sorted(result.producers):
+            if address not in self.conns and address not in self._pending:
+                self._pending.add(address)
+                self._spawn(self._discovered(address))
+        if result.complete:
+            for address, conn in list(self.conns.items()):
+                if conn.discovered and address not in result.producers:
+                    log.info("%s: no longer listed by any lookupd; closing", address)
+                    self._spawn(self._drop(conn))
+
+    async def _drop(self, conn: _Conn) -> None:
+        self._lost(conn)
+        await self._cls(conn)
+        conn.proto.close()
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(poll_delay(self.lookupd_poll_interval, self.lookupd_poll_jitter, self.rng))
+            await self._poll_once()
+
+    async def _redistribute_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.rdy_redistribute_interval)
+            if not self.backoff.active:
+                self._apply(self.rdy.rebalance(self._loop.time(), self.rng))
+
+    async def _cls(self, conn: _Conn) -> None:
+        if conn.proto.is_open:
+            with contextlib.suppress(NSQError):
+                await conn.proto.command(CLS, self.connect_timeout)
+
+    # --- RDY ------------------------------------------------------------------------------
+    def _send_rdy(self, address: str, count: int) -> None:
+        sent = self.rdy.set(address, count, self._loop.time())
+        if sent is not None:
+            self._conn_send(address, encode_rdy(sent))
+
+    def _apply(self, changes: list[tuple[Any, int]]) -> None:
+        for address, count in changes:
+            self._conn_send(address, encode_rdy(count))
+
+    def _conn_send(self, address: str, data: bytes) -> None:
+        conn = self.conns.get(address)
+        if conn is not None:
+            conn.send(data)
+
+    def _backoff_action(self, action: Action | None) -> None:
+        if action is None:
+            return
+        now = self._loop.time()
+        if action is Action.PAUSE:
+            for address in list(self.conns):
+                self._send_rdy(address, 0)
+            if self._backoff_timer is not None:
+                self._backoff_timer.cancel()
+            delay = max(0.0, (self.backoff.deadline or now) - now)
+            log.warning("backing off for %.1fs (level %d)", delay, self.backoff.level)
+            self._backoff_timer = self._loop.call_later(delay, self._backoff_timer_fired)
+        elif action is Action.TEST:
+            if self.conns:
+                address = self.rng.choice(sorted(self.conns))
+                self._send_rdy(address, 1)
+        elif action is Action.RESUME:
+            log.info("backoff complete, resuming normal RDY")
+            self._apply(self.rdy.rebalance(now, self.rng))
+
+    def _backoff_timer_fired(self) -> None:
+        self._backoff_timer = None
+        if not self._stopping:
+            self._backoff_action(self.backoff.on_timer(self._loop.time()))
+
+    # --- messages ---------------------------------------------------------------------------
+    def _on_message(self, conn: _Conn, raw: RawMessage) -> None:
+        timestamp, attempts, msg_id, body = raw
+        self.stats["received"] += 1
+        self._in_flight += 1
+        self._idle.clear()
+        self.rdy.on_message(conn.address, self._loop.time())
+        msg = Message(self, conn, msg_id, body, attempts, timestamp)
+        if 0 < self.max_attempts < attempts:
+            self.stats["discarded"] += 1
+            if self.on_discard is not None:
+                try:
+                    self.on_discard(msg)
+                except Exception:
+                    log.exception("on_discard failed for %r", msg)
+            if not msg.responded:
+                msg.responded = True
+                self._answer(msg, encode_fin(msg.id), None)
+            return
+        if self._is_coroutine:
+            task = asyncio.ensure_future(self._run_async(msg))
+            self._handler_tasks.add(task)
+            task.add_done_callback(self._handler_tasks.discard)
+            return
+        try:
+            result = self.handler(msg)
+        except Exception:
+            log.exception("handler failed for %r", msg)
+            result = False
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(self._await_result(msg, result))
+            self._handler_tasks.add(task)
+            task.add_done_callback(self._handler_tasks.discard)
+            return
+        self._auto_respond(msg, result)
+
+    async def _run_async(self, msg: Message) -> None:
+        try:
+            result = await self.handler(msg)  # type: ignore[misc]
+        except Exception:
+            log.exception("handler failed for %r", msg)
+            result = False
+        self._auto_respond(msg, result)
+
+    async def _await_result(self, msg: Message, awaitable: Awaitable[bool | None]) -> None:
+        try:
+            result = await awaitable
+        except Exception:
+            log.exception("handler failed for %r", msg)
+            result = False
+        self._auto_respond(msg, result)
+
+    def _auto_respond(self, msg: Message, result: object) -> None:
+        if msg.responded or not msg.auto_response:
+            return
+        if result is False:
+            msg.requeue()
+        else:
+            msg.finish()
+
+    def _finish(self, msg: Message) -> None:
+        self.stats["finished"] += 1
+        self._answer(msg, encode_fin(msg.id), True)
+
+    def _requeue(self, msg: Message, delay: float | None, backoff: bool) -> None:
+        if delay is None:
+            delay = min(self.requeue_delay * msg.attempts, self.max_requeue_delay)
+        self.stats["requeued"] += 1
+        self._answer(msg, encode_req(msg.id, max(0, int(delay * 1000))), False if backoff else None)
+
+    def _touch(self, msg: Message) -> None:
+        msg._conn.send(encode_touch(msg.id))
+
+    def _answer(self, msg: Message, command: bytes, success: bool | None) -> None:
+        conn = msg._conn
+        conn.send(command)
+        self._in_flight -= 1
+        if self._in_flight <= 0:
+            self._in_flight = 0
+            self._idle.set()
+        if self.conns.get(conn.address) is not conn:
+            return
+        self.rdy.on_done(conn.address)
+        if success is not None and not self._stopping:
+            self._backoff_action(self.backoff.result(success, self._loop.time()))
+        if not self.backoff.active and not self._stopping:
+            want = self.rdy.wants_update(conn.address)
+            if want is not None:
+                self._send_rdy(conn.address, want)
+
+
+__all__ = ["Consumer", "Handler", "ResponseError"]

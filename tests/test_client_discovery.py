@@ -1,0 +1,51 @@
+"""pynsqd.client discovering nsqd through real nsqlookupd: nodes added and removed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+
+from pynsqd.client import Consumer, Producer
+from tests.conftest import run_async
+from tests.harness import Daemon, scaled
+from tests.test_client import tcp, until
+from tests.test_discovery import lookup, lookupd_factory, node_address, registered_nsqd  # noqa: F401
+
+
+def test_consumer_follows_lookupd_as_nodes_come_and_go(lookupd_factory: Callable[..., Daemon],  # noqa: F811
+                                                       nsqd_factory: Callable[..., Daemon]) -> None:
+    lookupds = [lookupd_factory("--tombstone-lifetime=60s"), lookupd_factory()]
+    a = registered_nsqd(nsqd_factory, lookupds[:1])
+    b = registered_nsqd(nsqd_factory, lookupds[1:])
+    got: list[tuple[str, bytes]] = []
+
+    async def main() -> None:
+        async with Producer(tcp(a)) as p:
+            await p.publish("disc", b"a1")
+        await until(lambda: lookup(lookupds[0], "disc"), what="a registered")
+        c = Consumer("disc", "ch", lambda m: got.append((m.nsqd_address, m.body)),
+                     lookupd_http_addresses=[f"http://127.0.0.1:{lk.http[1]}" for lk in lookupds],
+                     lookupd_poll_interval=0.2, lookupd_poll_jitter=0.5, max_in_flight=10)
+        await c.start()
+        try:
+            await until(lambda: got == [(node_address(a), b"a1")])
+            async with Producer(tcp(b)) as p:  # a new node gets the topic: picked up
+                await p.publish("disc", b"b1")
+            await until(lambda: (node_address(b), b"b1") in got)
+            assert set(c.conns) == {node_address(a), node_address(b)}
+            # lookupd stops listing b (tombstone) while b's connection is fine: dropped
+            resp = await asyncio.to_thread(httpx.post, f"{lookupds[1].http_url}/topic/tombstone",
+                                           params={"topic": "disc", "node": f"127.0.0.1:{b.http[1]}"},
+                                           timeout=scaled(5))
+            assert resp.status_code == 200
+            await until(lambda: set(c.conns) == {node_address(a)})
+            # a node that dies is gone, and comes back only when lookupd lists it again
+            await asyncio.to_thread(a.stop)
+            await until(lambda: not c.conns)
+            await asyncio.to_thread(a.start)
+            await until(lambda: set(c.conns) == {node_address(a)}, limit=15)
+        finally:
+            await c.stop()
+    run_async(main())
