@@ -141,6 +141,38 @@ def test_source_stopped_mid_stream_and_restarted_on_its_checkpoint_loses_nothing
     assert {bytes(r.body) for r in result.select("body").distinct().collect()} == {b"o%05d" % i for i in range(total)}
 
 
+def test_available_now_run_ends_with_every_message_committed_and_touch_keeps_a_slow_batch_alive(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    nsqd = nsqd_factory()
+    total = 2000
+    publish(nsqd, "slow", (b"s%04d" % i for i in range(total)))
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType
+
+    def slow(body: bytes) -> bytes:
+        import time as clock
+
+        clock.sleep(0.004)  # the workload: a 1000-row batch takes > 2 s on 2 cores, the msg timeout
+        return body
+
+    df = stream(spark, nsqd, "slow", "spark", maxBatch=1000, maxInFlight=2500, msgTimeout=2000)
+    out = tmp_path / "out"
+    slowed = df.withColumn("body", F.udf(slow, BinaryType(), useArrow=False)("body"))
+    query = (slowed.writeStream.format("parquet").option("path", str(out))
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    assert query.awaitTermination(180), "the availableNow run did not end"
+    assert query.exception() is None
+    result = committed(spark, out)
+    assert result.count() == total and result.select("id").distinct().count() == total
+    assert result.filter("attempts > 1").count() == 0
+    stats = channel_stats(nsqd, "slow", "spark")
+    assert stats["timeout_count"] == 0 and stats["requeue_count"] == 0
+    wait_for(lambda: channel_stats(nsqd, "slow", "spark").get("in_flight_count") == 0, timeout=30,
+             what="the last batch FINed (heartbeat commit) or released by the stopped runner")
+    assert channel_stats(nsqd, "slow", "spark")["depth"] == 0
+
+
 def test_sink_publishes_a_million_rows_and_a_consumer_receives_every_one(
         spark: Any, nsqd_factory: Callable[..., Daemon]) -> None:
     nsqd = nsqd_factory()
@@ -157,8 +189,8 @@ def test_stream_sink_publishes_binary_bodies_to_each_rows_topic(
     nsqd = nsqd_factory()
     publish(nsqd, "in", (b"line %d\nwith a newline" % i for i in range(2000)))
     df = stream(spark, nsqd, "in", "fanout")
-    routed = df.selectExpr("body", "CASE WHEN CAST(regexp_extract(CAST(body AS STRING), 'line ([0-9]+)', 1) AS INT) % 2 = 0 "
-                           "THEN 'even' ELSE 'odd' END AS topic")
+    number = "CAST(regexp_extract(CAST(body AS STRING), 'line ([0-9]+)', 1) AS INT)"
+    routed = df.selectExpr("body", f"CASE WHEN {number} % 2 = 0 THEN 'even' ELSE 'odd' END AS topic")
     query = (routed.writeStream.format("nsq").option("nsqdTCPAddress", addr(nsqd))
              .option("checkpointLocation", str(tmp_path / "ckpt")).start())
     try:
@@ -196,7 +228,7 @@ def test_pipeline_command_from_the_readme_survives_a_kill_and_restart(
     total = 40_000
     publish(nsqd, "events", (b"e%05d" % i for i in range(total)))
     command = readme_command().replace("127.0.0.1:4150", addr(nsqd)).replace("/data/", f"{tmp_path}/")
-    args = shlex.split(command)[1:] + ["--msg-timeout=3s", "--progress-interval=1s", "--max-in-flight=15000"]
+    args = [*shlex.split(command)[1:], "--msg-timeout=3s", "--progress-interval=1s", "--max-in-flight=15000"]
     out = tmp_path / "events"
     log = tmp_path / "pipeline.log"
     first = Pipeline(args, log)
@@ -220,7 +252,7 @@ def test_pipeline_command_from_the_readme_survives_a_kill_and_restart(
     assert code == 0, second.output()
     assert "nsq_spark_pipeline: stopped" in second.output()
     result = committed(spark, out)
-    assert {r.line for r in result.select("line").distinct().collect()} == {"e%05d" % i for i in range(total)}
+    assert {r.line for r in result.select("line").distinct().collect()} == {f"e{i:05d}" for i in range(total)}
     assert "date" in result.columns  # partitioned by date
 
 

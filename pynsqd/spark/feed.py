@@ -48,6 +48,7 @@ class Feed:
         self._touched: dict[bytes, tuple[Message, float]] = {}  # loop thread only
         self._consumer: Consumer | None = None
         self._touch_task: asyncio.Task[None] | None = None
+        self._start_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._lt.call(self._start())
@@ -62,14 +63,15 @@ class Feed:
         )
         # start() waits up to connect_timeout for the first connections; messages flow as soon as
         # they are up, so do not hold the runner for it.
-        asyncio.ensure_future(self._consumer.start())
+        self._start_task = asyncio.ensure_future(self._consumer.start())
         self._touch_task = asyncio.ensure_future(self._touch_loop())
 
     def _on_message(self, message: Message) -> None:
         message.disable_auto_response()
         self._touched[message.id] = (message, time.monotonic())
         self._buffer.append(message)
-        self._arrived.set()
+        if not self._arrived.is_set():  # Event.set takes a lock: once per idle period, not per message
+            self._arrived.set()
 
     async def _touch_loop(self) -> None:
         half = self.opts.msg_timeout_ms / 2000.0

@@ -47,6 +47,7 @@ from pynsqd.spark.options import SourceOptions
 from pynsqd.spark.spool import arrow_batches, write_spool
 
 AVAILABLE_NOW_WAIT = 2.0  # seconds a Trigger.AvailableNow run waits for the first messages
+AVAILABLE_NOW_QUIET = 1.0  # ... and the quiet period after which it counts the topic as drained
 
 
 class SpoolPartition(InputPartition):
@@ -112,15 +113,16 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         elif isinstance(limit, ReadAllAvailable):
             want = self.opts.max_in_flight
         held = [] if self._drained else feed.take(want)
+        if not held and self._available_now and not self._drained:
+            feed.wait_for_messages(AVAILABLE_NOW_QUIET)
+            held = feed.take(want)
+            self._drained = not held
         if held:
             self._seq += 1
             self._hb = 0
             self._pending[self._seq] = (self._spool(self._seq, held), held)
-        else:
-            if self._available_now:
-                self._drained = True
-            if self._pending and start == {"seq": self._seq, "hb": self._hb}:
-                self._hb += 1  # heartbeat: an empty batch whose planning commits the last one
+        elif self._pending and start == {"seq": self._seq, "hb": self._hb}:
+            self._hb += 1  # heartbeat: an empty batch whose planning commits the last one
         return {"seq": self._seq, "hb": self._hb}
 
     def _spool(self, seq: int, held: list[Any]) -> list[str]:
