@@ -285,3 +285,28 @@ def test_rdy_is_spread_and_never_exceeds_max_in_flight_over_two_nodes(nsqd_facto
         assert {a for a in got} == {tcp(n) for n in nodes}
         await c.stop()
     run_async(main())
+
+
+def test_testing_the_water_moves_to_another_node_when_the_first_is_idle() -> None:
+    async def main() -> None:
+        fakes = [FakeNsqd(), FakeNsqd()]
+        addresses = [await f.start() for f in fakes]
+        c = Consumer("t", "ch", lambda m: False, nsqd_tcp_addresses=addresses, max_in_flight=2,
+                     backoff_multiplier=0.05, requeue_delay=0, low_rdy_idle_timeout=0.1,
+                     rdy_redistribute_interval=0.05)
+        try:
+            await c.start()
+            await until(lambda: all(b"RDY" in f.names() for f in fakes))
+            fakes[0].push_message(b"3" * 16, b"fails")
+            await until(lambda: b"REQ" in fakes[0].names())
+            marks = [len(f.commands) for f in fakes]
+
+            def rdy1_after_mark(i: int) -> bool:
+                return any(cmd[0] == b"RDY" and cmd[1][1:] == [b"1"] for cmd in fakes[i].commands[marks[i]:])
+            await until(lambda: rdy1_after_mark(0) and rdy1_after_mark(1), limit=10)
+            assert c.rdy.total <= 1  # still testing with one RDY, never more
+        finally:
+            await c.stop()
+            for f in fakes:
+                await f.close()
+    run_async(main())

@@ -281,3 +281,43 @@ def test_pipeline_on_a_standalone_cluster(nsqd_factory: Callable[..., Daemon], t
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+def test_nsq_to_file_archives_are_read_by_sparks_native_text_json_and_file_stream(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    pytest.importorskip("pynsqd.tools.nsq_to_file", reason="nsq_to_file is not on this branch yet")
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    nsqd = nsqd_factory()
+    total = 5000
+    publish(nsqd, "archive", (json.dumps({"n": i, "text": f"line {i}"}).encode() for i in range(total)))
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    work.mkdir()
+    tool = subprocess.Popen([sys.executable, "-m", "pynsqd.tools.nsq_to_file", f"--nsqd-tcp-address={addr(nsqd)}",
+                             "--topic=archive", f"--output-dir={out}", f"--work-dir={work}", "--gzip",
+                             "--rotate-size=20000", "--max-in-flight=1000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def written() -> bool:
+            stats = channel_stats(nsqd, "archive", "nsq_to_file")
+            return stats.get("depth") == 0 and stats.get("in_flight_count") == 0 and stats["finish_count"] == total
+        wait_for(written, timeout=60, interval=0.2, what="nsq_to_file to write every message")
+    finally:
+        tool.send_signal(signal.SIGINT)
+        code = tool.wait(60)
+    assert code == 0
+    files = sorted(out.glob("*.gz"))
+    assert len(files) > 1  # rotated: several complete files
+    text = spark.read.text(str(out))
+    assert text.count() == total
+    rows = spark.read.json(str(out)).select("n").collect()
+    assert sorted(r.n for r in rows) == list(range(total))
+    query = (spark.readStream.format("text").load(str(out)).writeStream.format("parquet")
+             .option("path", str(tmp_path / "copy")).option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(120)
+    assert committed_count(spark, tmp_path / "copy") == total

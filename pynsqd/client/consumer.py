@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from pynsqd.client import http as nsq_http
-from pynsqd.client.backoff import Action, Backoff
+from pynsqd.client.backoff import Action, Backoff, State
 from pynsqd.client.config import Identity
 from pynsqd.client.connection import DEFAULT_MAX_RDY_COUNT, NSQProtocol, RawMessage, open_connection
 from pynsqd.client.discovery import lookup, poll_delay
@@ -274,8 +274,24 @@ class Consumer:
     async def _redistribute_loop(self) -> None:
         while True:
             await asyncio.sleep(self.rdy_redistribute_interval)
+            now = self._loop.time()
             if not self.backoff.active:
-                self._apply(self.rdy.rebalance(self._loop.time(), self.rng))
+                self._apply(self.rdy.rebalance(now, self.rng))
+            elif self.backoff.state is State.TESTING:
+                self._move_test_rdy(now)
+
+    def _move_test_rdy(self, now: float) -> None:
+        """While testing the water, RDY 1 sits on one connection; if that nsqd has nothing
+        to send (or the connection went away), try another one."""
+        holders = self.rdy.holders()
+        if holders and set(self.rdy.idle_holders(now)) != set(holders):
+            return
+        others = [k for k in self.conns if k not in holders] or list(self.conns)
+        if not others:
+            return
+        for key in holders:
+            self._send_rdy(str(key), 0)
+        self._send_rdy(self.rng.choice(sorted(others)), 1)
 
     async def _cls(self, conn: _Conn) -> None:
         if conn.proto.is_open:
@@ -319,8 +335,16 @@ class Consumer:
 
     def _backoff_timer_fired(self) -> None:
         self._backoff_timer = None
-        if not self._stopping:
-            self._backoff_action(self.backoff.on_timer(self._loop.time()))
+        if self._stopping:
+            return
+        now = self._loop.time()
+        action = self.backoff.on_timer(now)
+        if action is None and self.backoff.deadline is not None:
+            # the loop's timers may fire a little early (libuv rounds to ms): wait the rest
+            self._backoff_timer = self._loop.call_later(max(0.001, self.backoff.deadline - now),
+                                                        self._backoff_timer_fired)
+            return
+        self._backoff_action(action)
 
     # --- messages ---------------------------------------------------------------------------
     def _on_message(self, conn: _Conn, raw: RawMessage) -> None:
@@ -351,6 +375,10 @@ class Consumer:
         except Exception:
             log.exception("handler failed for %r", msg)
             result = False
+        if result is None or result is True:  # the common case, without inspect
+            if not msg.responded and msg.auto_response:
+                msg.finish()
+            return
         if inspect.isawaitable(result):
             task = asyncio.ensure_future(self._await_result(msg, result))
             self._handler_tasks.add(task)

@@ -39,11 +39,11 @@ async def request(client: httpx.AsyncClient, method: str, url: str, *,
     try:
         response = await client.request(method, url, params=params, content=content, headers=headers)
     except httpx.TimeoutException as exc:
-        raise NSQTimeoutError(f"{method} {url} timed out") from exc
+        raise NSQTimeoutError(f"{method} {url} timed out ({type(exc).__name__})") from exc
     except httpx.ConnectError as exc:
-        raise ConnectError(f"{method} {url} failed: {exc}") from exc
+        raise ConnectError(f"{method} {url} failed: {type(exc).__name__} {exc}".rstrip()) from exc
     except httpx.HTTPError as exc:
-        raise TransportError(f"{method} {url} failed: {exc}") from exc
+        raise TransportError(f"{method} {url} failed: {type(exc).__name__} {exc}".rstrip()) from exc
     if not 200 <= response.status_code < 300 and response.status_code not in ok_statuses:
         raise HTTPError(response.status_code, error_code(response), url)
     return response

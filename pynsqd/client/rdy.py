@@ -143,8 +143,7 @@ class RdyBook:
                     changes.append((key, sent))
             return changes
         # rule 3: fewer RDY than connections
-        idle = [k for k, c in self.conns.items()
-                if c.rdy > 0 and c.in_flight == 0 and now - c.last_active >= self.low_rdy_idle_timeout]
+        idle = self.idle_holders(now)
         for key in idle:
             if self.set(key, 0, now) is not None:
                 changes.append((key, 0))
@@ -159,6 +158,14 @@ class RdyBook:
             if sent is not None:
                 changes.append((key, sent))
         return changes
+
+    def idle_holders(self, now: float) -> list[Hashable]:
+        """Connections holding RDY with nothing in flight and no message for the idle timeout."""
+        return [k for k, c in self.conns.items()
+                if c.rdy > 0 and c.in_flight == 0 and now - c.last_active >= self.low_rdy_idle_timeout]
+
+    def holders(self) -> list[Hashable]:
+        return [k for k, c in self.conns.items() if c.rdy > 0]
 
     def is_starved(self) -> bool:
         """True when some connection has ≥ 85% of its RDY in flight: time to process a batch."""

@@ -1,0 +1,199 @@
+"""What the utilities share: consumer flags, ``--consumer-opt``, the signal-aware run loop.
+
+``--consumer-opt name,value`` takes go-nsq ``Config`` option names (NSQ-FACTS §8) and maps
+them onto ``pynsqd.client.Consumer`` arguments; names the client cannot honour (TLS,
+compression, AUTH) are refused with a one-line error rather than ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import uvloop
+
+from pynsqd import NSQ_VERSION, __version__, logs
+from pynsqd.client.config import Identity
+from pynsqd.client.consumer import Consumer
+from pynsqd.client.message import Message
+from pynsqd.options import MS, SECOND, UsageError, flag, parse_bool, parse_duration, resolve, run_cli
+
+log = logging.getLogger("pynsqd.tools")
+T = TypeVar("T")
+HandlerFn = Callable[[Message], None]
+
+
+def _positive(value: int) -> str | None:
+    return None if value > 0 else "must be greater than 0"
+
+
+@dataclasses.dataclass
+class ConsumerFlags:
+    """The consumer flags every consuming utility takes."""
+
+    channel: str = flag("channel", "", "nsq channel")
+    nsqd_tcp_addresses: list[str] = flag("nsqd-tcp-address", [], "nsqd TCP address", kind="strlist")
+    lookupd_http_addresses: list[str] = flag("lookupd-http-address", [], "lookupd HTTP address", kind="strlist")
+    max_in_flight: int = flag("max-in-flight", 200, "max number of messages to allow in flight",
+                              validate=_positive)
+    consumer_opts: list[str] = flag("consumer-opt", [], "option to passthrough to nsq.Consumer "
+                                    "(go-nsq Config names, e.g. max_attempts,10)", kind="strlist",
+                                    parse=lambda raw: whole_items(raw))
+
+    def check_sources(self) -> None:
+        if not self.nsqd_tcp_addresses and not self.lookupd_http_addresses:
+            raise UsageError("--nsqd-tcp-address or --lookupd-http-address required")
+        if self.nsqd_tcp_addresses and self.lookupd_http_addresses:
+            raise UsageError("use --nsqd-tcp-address or --lookupd-http-address not both")
+
+
+def whole_items(raw: Any) -> list[str]:
+    """A repeatable ``name,value`` flag: each value is one item (no comma splitting)."""
+    if isinstance(raw, str):
+        return [raw]
+    if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
+        return list(raw)
+    raise ValueError(f"expected a string or a list of strings, got {raw!r}")
+
+
+def _seconds(raw: str) -> float:
+    return parse_duration(raw) / SECOND
+
+
+def _ms(raw: str) -> int:
+    return parse_duration(raw) // MS
+
+
+# go-nsq Config name → (Consumer/Identity argument, converter)
+_CONSUMER_OPTS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "max_attempts": ("max_attempts", int),
+    "max_in_flight": ("max_in_flight", int),
+    "lookupd_poll_interval": ("lookupd_poll_interval", _seconds),
+    "lookupd_poll_jitter": ("lookupd_poll_jitter", float),
+    "default_requeue_delay": ("requeue_delay", _seconds),
+    "max_requeue_delay": ("max_requeue_delay", _seconds),
+    "backoff_multiplier": ("backoff_multiplier", _seconds),
+    "max_backoff_duration": ("max_backoff_duration", _seconds),
+    "low_rdy_idle_timeout": ("low_rdy_idle_timeout", _seconds),
+    "rdy_redistribute_interval": ("rdy_redistribute_interval", _seconds),
+    "dial_timeout": ("connect_timeout", _seconds),
+    "heartbeat_interval": ("identity.heartbeat_interval", _ms),
+    "output_buffer_size": ("identity.output_buffer_size", int),
+    "output_buffer_timeout": ("identity.output_buffer_timeout", _ms),
+    "msg_timeout": ("identity.msg_timeout", _ms),
+    "sample_rate": ("identity.sample_rate", int),
+    "client_id": ("identity.client_id", str),
+    "hostname": ("identity.hostname", str),
+    "user_agent": ("identity.user_agent", str),
+}
+_UNSUPPORTED = {"tls_v1", "tls_root_ca_file", "tls_insecure_skip_verify", "tls_cert", "tls_key",
+                "tls_min_version", "snappy", "deflate", "deflate_level", "auth_secret"}
+_IGNORED = {"read_timeout", "write_timeout", "lookupd_poll_timeout", "max_msg_size",
+            "skip_lookupd_authorization", "local_addr", "backoff_strategy", "low_rdy_timeout"}
+
+
+def consumer_options(pairs: Sequence[str], flag_name: str = "consumer-opt") -> dict[str, Any]:
+    """``["max_attempts,10", ...]`` → keyword arguments for ``Consumer``/``Producer``.
+
+    Raises ``UsageError`` for a malformed pair, an unknown name or a bad value."""
+    kwargs: dict[str, Any] = {}
+    identity = Identity()
+    for pair in pairs:
+        name, sep, raw = pair.partition(",")
+        name = name.strip()
+        if not sep:
+            raw = "true"
+        if name in _UNSUPPORTED:
+            if raw and not _is_false(raw):
+                raise UsageError(f"--{flag_name} {name}: not supported by this client yet")
+            continue
+        if name in _IGNORED:
+            continue
+        target = _CONSUMER_OPTS.get(name)
+        if target is None:
+            raise UsageError(f"--{flag_name}: unknown option {name!r}")
+        key, convert = target
+        try:
+            value = convert(raw)
+        except ValueError as exc:
+            raise UsageError(f"invalid value {raw!r} for --{flag_name} {name}: {exc}") from None
+        if key.startswith("identity."):
+            setattr(identity, key.split(".", 1)[1], value)
+        else:
+            kwargs[key] = value
+    kwargs["identity"] = identity
+    return kwargs
+
+
+def _is_false(raw: str) -> bool:
+    try:
+        return not parse_bool(raw)
+    except ValueError:
+        return False
+
+
+def parse(cls: type[T], argv: Sequence[str], prog: str, description: str) -> T | None:
+    """Parse a utility's flags; prints the version and returns None for ``--version``."""
+    opts, version = resolve(cls, argv, prog, description)
+    if version:
+        print(f"{prog} v{NSQ_VERSION} (built w/pynsqd {__version__})")
+        return None
+    return opts
+
+
+def consumers_for(topics: Sequence[str], flags: ConsumerFlags, handler_for: Callable[[str], Any],
+                  kwargs: dict[str, Any]) -> list[Consumer]:
+    """One ``Consumer`` per topic, on the flags' channel and sources."""
+    kwargs = dict(kwargs)
+    kwargs.setdefault("max_in_flight", flags.max_in_flight)
+    return [Consumer(topic, flags.channel, handler_for(topic), nsqd_tcp_addresses=flags.nsqd_tcp_addresses,
+                     lookupd_http_addresses=flags.lookupd_http_addresses, **kwargs) for topic in topics]
+
+
+async def consume_until(stop: asyncio.Event, consumers: Sequence[Consumer]) -> None:
+    """Start ``consumers``, wait for ``stop``, then stop them gracefully (all answered)."""
+    for consumer in consumers:
+        await consumer.start()
+    await stop.wait()
+    await asyncio.gather(*(c.stop() for c in consumers))
+
+
+def main(run: Callable[[list[str]], int], prog: str, argv: list[str] | None) -> NoReturn:
+    """A utility's console-script entry: ``run(argv)`` with one-line errors and exit 1."""
+    run_cli(run, prog, argv if argv is not None else sys.argv[1:])
+
+
+def setup_logging(prog: str, level: str = "info") -> None:
+    logs.setup(f"[{prog}] ", level)
+
+
+def setup_logging_prefix(prefix: str, level: str) -> None:
+    if level.lower() not in logs.LEVELS:
+        raise UsageError(f"invalid --log-level {level!r}")
+    logs.setup(prefix, level.lower())
+
+
+def run(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
+    """Run ``main(stop)`` on uvloop; SIGINT/SIGTERM only set ``stop`` (the tool decides how
+    to wind down). A second signal while stopping exits at once with status 130/143."""
+    async def wrapper() -> int:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def on_signal(signum: int) -> None:
+            if stop.is_set():
+                sys.exit(128 + signum)
+            log.info("got signal %s, stopping", signal.Signals(signum).name)
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
+        return await main(stop)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(wrapper())

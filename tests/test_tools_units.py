@@ -1,0 +1,120 @@
+"""The utilities' pure parts: destination choice, pacing, file naming and rotation, option
+mapping, JSON filters, nsq_stat's sums and columns."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from pynsqd.options import UsageError
+from pynsqd.tools.common import consumer_options
+from pynsqd.tools.filelog import FileLog, FileLogConfig
+from pynsqd.tools.nsq_stat import channel_totals, format_row
+from pynsqd.tools.nsq_to_nsq import Options as NsqToNsqOptions
+from pynsqd.tools.nsq_to_nsq import transform
+from pynsqd.tools.to_nsq import Pacer
+from pynsqd.tools.upstream import INITIAL_RETRY, Upstreams
+
+
+def test_round_robin_multicast_and_hostpool_failover() -> None:
+    rr = Upstreams(["a", "b", "c"], "round-robin")
+    assert [rr.pick(0)[0] for _ in range(6)] == ["a", "b", "c", "a", "b", "c"]
+    assert Upstreams(["a", "b"], "multicast").pick(0) == ["a", "b"]
+    hp = Upstreams(["a", "b"], "hostpool")
+    assert hp.pick(0) == ["a"]
+    hp.failure("a", now=10)
+    assert hp.pick(11) == ["b"]
+    assert hp.pick(10 + INITIAL_RETRY) == ["a"]  # retried after the interval
+    hp.failure("a", now=100)
+    hp.failure("b", now=100)
+    assert hp.pick(101) == ["b"]  # all dead: the one back soonest (a's retry doubled)
+    with pytest.raises(ValueError):
+        Upstreams(["a"], "random")
+
+
+def test_pacer_in_virtual_time() -> None:
+    pacer = Pacer(rate=4, start=0.0)
+    now, sent = 0.0, []
+    for _ in range(9):
+        now += pacer.delay(now)
+        sent.append(now)
+    assert sent == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+    assert Pacer(rate=0, start=0).delay(5.0) == 0.0
+
+
+def test_filelog_names_rev_and_size_rotation(tmp_path: Path) -> None:
+    cfg = FileLogConfig(output_dir=str(tmp_path / "out"), filename_format="<TOPIC>.<HOST><REV>.<DATETIME>.log",
+                        datetime_format="%Y", host_identifier="<SHORT_HOST>-x", rotate_size=10)
+    log = FileLog("t", cfg)
+    now = time.time()
+    year = time.strftime("%Y", time.localtime(now))
+    short = os.uname().nodename.split(".")[0]
+    log.write(b"12345", now)
+    assert not log.needs_rotation(now)
+    log.write(b"6789", now)
+    assert log.needs_rotation(now)  # 10 bytes with newlines
+    assert os.listdir(cfg.output_dir) == [f".t.{short}-x.{year}.log.tmp"]  # hidden while in progress
+    first = log.close(now)
+    log.write(b"again", now)
+    second = log.close(now)
+    assert first and second
+    assert [os.path.basename(first), os.path.basename(second)] == [f"t.{short}-x.{year}.log",
+                                                                   f"t.{short}-x-1.{year}.log"]
+    assert Path(first).read_bytes() == b"12345\n6789\n" and Path(second).read_bytes() == b"again\n"
+    assert sorted(os.listdir(cfg.output_dir)) == sorted(os.path.basename(p) for p in (first, second))
+
+
+def test_filelog_gzip_sync_is_readable_and_time_rotation(tmp_path: Path) -> None:
+    cfg = FileLogConfig(output_dir=str(tmp_path), filename_format="<TOPIC><REV>.log", gzip=True,
+                        rotate_interval=60, skip_empty_files=True)
+    log = FileLog("g", cfg)
+    log.write(b"a", 1000.0)
+    log.sync()
+    synced = (tmp_path / ".g.log.gz.tmp").read_bytes()  # a synced gzip stream reads back so far
+    assert gzip.GzipFile(fileobj=io.BytesIO(synced)).read1(100) == b"a\n"
+    assert not log.needs_rotation(1059.0) and log.needs_rotation(1060.0)
+    final = log.close(1060.0)
+    assert final is not None and final.endswith("g.log.gz")
+    assert gzip.decompress(Path(final).read_bytes()) == b"a\n"
+    log.open(1061.0)
+    assert log.close(1062.0) is None  # empty and skip-empty-files: nothing left behind
+    assert os.listdir(tmp_path) == ["g.log.gz"]
+
+
+def test_consumer_opt_mapping() -> None:
+    kw = consumer_options(["max_attempts,10", "lookupd_poll_interval,15s", "heartbeat_interval,5s",
+                           "backoff_multiplier,250ms", "tls_v1,false", "read_timeout,60s"])
+    assert kw["max_attempts"] == 10 and kw["lookupd_poll_interval"] == 15.0 and kw["backoff_multiplier"] == 0.25
+    assert kw["identity"].heartbeat_interval == 5000
+    with pytest.raises(UsageError, match="not supported"):
+        consumer_options(["snappy,true"])
+    with pytest.raises(UsageError, match="unknown option"):
+        consumer_options(["nope,1"])
+    with pytest.raises(UsageError, match="invalid value"):
+        consumer_options(["max_attempts,many"])
+
+
+def test_json_filters() -> None:
+    opts = NsqToNsqOptions(require_json_field="k", require_json_value="yes", whitelist_json_fields=["a"])
+    assert transform(b'{"k": "yes", "a": 1, "b": 2}', opts) == b'{"a":1}'
+    assert transform(b'{"k": "no", "a": 1}', opts) is None
+    assert transform(b'{"a": 1}', opts) is None
+    assert transform(b"not json", opts) is None
+    assert transform(b"anything", NsqToNsqOptions()) == b"anything"
+    flags = NsqToNsqOptions(require_json_field="ok", require_json_value="true")
+    assert transform(b'{"ok": true}', flags) == b'{"ok": true}'
+
+
+def test_nsq_stat_sums_nodes_and_formats_columns() -> None:
+    node = {"topics": [{"topic_name": "t", "channels": [
+        {"channel_name": "c", "depth": 10, "backend_depth": 4, "in_flight_count": 2, "deferred_count": 1,
+         "requeue_count": 5, "timeout_count": 1, "message_count": 100, "client_count": 2},
+        {"channel_name": "other", "depth": 99}]}]}
+    totals = channel_totals([node, node, None], "t", "c")
+    assert totals["depth"] == 20 and totals["memory_depth"] == 12 and totals["backend_depth"] == 8
+    assert format_row(totals) == "     20     12       8     4     2 |      10       2          200       4"
