@@ -18,14 +18,18 @@ make nsqd redeliver messages Spark is still working on.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from pynsqd.client import Consumer, Identity, Message
 from pynsqd.spark.loopthread import shared
 from pynsqd.spark.options import SourceOptions
 from pynsqd.wire.message import encode_message
+
+log = logging.getLogger(__name__)
 
 
 class Held:
@@ -80,8 +84,17 @@ class Feed:
             now = time.monotonic()
             for msg_id, (message, since) in list(self._touched.items()):
                 if now - since >= half and not message.responded:
-                    message.touch()
+                    self._answer(message.touch)
                     self._touched[msg_id] = (message, now)
+
+    @staticmethod
+    def _answer(command: Callable[[], None]) -> None:
+        """FIN or TOUCH; a connection that died meanwhile already gave its messages back to nsqd
+        (they will be delivered again), so a failure here loses nothing and must not fail the query."""
+        try:
+            command()
+        except Exception as exc:
+            log.warning("pynsqd.spark: could not answer a message: %s", exc)
 
     def wait_for_messages(self, timeout: float) -> bool:
         """Block until at least one message is buffered, or ``timeout`` seconds passed."""
@@ -106,7 +119,7 @@ class Feed:
         for h in held:
             touched.pop(h.message.id, None)
             if not h.message.responded:
-                h.message.finish()
+                self._answer(h.message.finish)
 
     def close(self) -> None:
         self._lt.call(self._close())
