@@ -114,7 +114,7 @@ def test_source_stopped_mid_stream_and_restarted_on_its_checkpoint_loses_nothing
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
 
     def start() -> Any:
-        df = stream(spark, nsqd, "orders", "spark", maxBatch=1000, maxInFlight=3000, msgTimeout=2000)
+        df = stream(spark, nsqd, "orders", "spark", maxBatch=5000, maxInFlight=15000, msgTimeout=2000)
         return (df.writeStream.format("parquet").option("path", str(out))
                 .option("checkpointLocation", str(ckpt)).start())
 
@@ -132,7 +132,7 @@ def test_source_stopped_mid_stream_and_restarted_on_its_checkpoint_loses_nothing
             stats = channel_stats(nsqd, "orders", "spark")
             return (df is not None and df.select("body").distinct().count() == total
                     and stats.get("depth") == 0 and stats.get("in_flight_count") == 0)
-        wait_for(all_there, timeout=120, interval=0.5, what="every message after the restart")
+        wait_for(all_there, timeout=240, interval=0.5, what="every message after the restart")
         assert second.exception() is None
     finally:
         second.stop()
