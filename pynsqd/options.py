@@ -238,6 +238,7 @@ def build_parser(cls: type[Any], prog: str, description: str) -> argparse.Argume
         default = field.default if kind not in ("strlist", "floatlist") else []
         shown = _show_default(kind, default)
         help_text = f"{meta['help']} (default {shown})" if shown else meta["help"]
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help ("%Y", "'%s'")
         if meta["bare"] is not None:
             parser.add_argument(*names, dest=field.name, nargs="?", const=meta["bare"],
                                 metavar="BOOL" if kind == "bool" else kind.upper(), help=help_text)

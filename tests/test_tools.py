@@ -18,6 +18,7 @@ import pytest
 
 from tests.harness import Daemon, scaled, wait_for
 from tests.test_clients import channel_stats
+from tests.test_discovery import lookupd_factory, registered_nsqd  # noqa: F401
 
 BIN = Path(sys.executable).parent
 
@@ -82,6 +83,9 @@ def test_bad_flags_are_one_line_and_exit_1(name: str) -> None:
         _, err = p.communicate(timeout=scaled(20))
         assert p.returncode == 1, (args, err)
         assert err.decode().count("\n") == 1 and err.decode().startswith(f"{name}: error: "), err
+    p = tool(name, "--help")
+    out, err = p.communicate(timeout=scaled(20))
+    assert p.returncode == 0 and b"--topic" in out, err
 
 
 def test_to_nsq_100k_lines_to_nsq_to_file_rotated_and_gzipped(nsqd: Daemon, tmp_path: Path,
@@ -265,3 +269,23 @@ def test_to_nsq_rate_delimiter_and_sigterm(nsqd: Daemon, procs: list[subprocess.
 def _topic_count(nsqd: Daemon, topic: str) -> int:
     data = httpx.get(f"{nsqd.http_url}/stats", params={"format": "json"}, timeout=5).json()
     return next((int(t["message_count"]) for t in data["topics"] if t["topic_name"] == topic), 0)
+
+
+def test_nsq_to_file_discovers_topics_through_lookupd(lookupd_factory: Callable[..., Daemon],  # noqa: F811
+                                                      nsqd_factory: Callable[..., Daemon], tmp_path: Path,
+                                                      procs: list[subprocess.Popen[bytes]]) -> None:
+    lk = lookupd_factory()
+    node = registered_nsqd(nsqd_factory, [lk])
+    pub_lines(node, "logs_a", [b"a"])
+    pub_lines(node, "other", [b"o"])
+    out = tmp_path / "out"
+    sink = start(procs, "nsq_to_file", f"--lookupd-http-address=127.0.0.1:{lk.http[1]}", "--topic-pattern=^logs_",
+                 "--topic-refresh=200ms", f"--output-dir={out}", "--filename-format=<TOPIC><REV>.log",
+                 "--consumer-opt=lookupd_poll_interval,200ms")
+    wait_for(lambda: drained(node, "logs_a", "nsq_to_file", 1), timeout=15, what="logs_a archived")
+    pub_lines(node, "logs_b", [b"b"])  # a topic that appears later is picked up
+    wait_for(lambda: drained(node, "logs_b", "nsq_to_file", 1), timeout=15, what="logs_b archived")
+    code, _, err = stop(sink)
+    assert code == 0, err
+    assert sorted(p.name for p in _visible(out)) == ["logs_a.log", "logs_b.log"]
+    assert (out / "logs_a.log").read_bytes() == b"a\n" and (out / "logs_b.log").read_bytes() == b"b\n"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -118,3 +120,17 @@ def test_nsq_stat_sums_nodes_and_formats_columns() -> None:
     totals = channel_totals([node, node, None], "t", "c")
     assert totals["depth"] == 20 and totals["memory_depth"] == 12 and totals["backend_depth"] == 8
     assert format_row(totals) == "     20     12       8     4     2 |      10       2          200       4"
+
+
+def test_filelog_work_dir_on_another_file_system(tmp_path: Path) -> None:
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a file system other than the test's tmp dir")
+    work = tempfile.mkdtemp(dir="/dev/shm", prefix="pynsqd-test-")
+    try:
+        log = FileLog("x", FileLogConfig(output_dir=str(tmp_path), work_dir=work, filename_format="<TOPIC><REV>.log"))
+        log.write(b"line", 0.0)
+        final = log.close(0.0)
+        assert final == str(tmp_path / "x.log") and Path(final).read_bytes() == b"line\n"
+        assert os.listdir(work) == [] and os.listdir(tmp_path) == ["x.log"]
+    finally:
+        shutil.rmtree(work)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import socket
 import time
 import zlib
@@ -156,20 +157,33 @@ class FileLog:
         if self.lines == 0 and self.config.skip_empty_files:
             os.unlink(self._work_path)
             return None
+        source = self._work_path
+        if os.stat(source).st_dev != os.stat(self.output_dir).st_dev:
+            source = self._copy_to_output(source)  # a link cannot cross file systems
         rev = self._rev
         while True:
             final = os.path.join(self.output_dir, self.filename(self._opened_at, rev))
             try:
-                os.link(self._work_path, final)  # fails if the name exists: never overwrite
+                os.link(source, final)  # fails if the name exists: never overwrite
                 break
             except FileExistsError:
                 rev += 1
-        os.unlink(self._work_path)
+        os.unlink(source)
+        if source != self._work_path:
+            os.unlink(self._work_path)
         _fsync_dir(self.output_dir)
         if self.work_dir != self.output_dir:
             _fsync_dir(self.work_dir)
         self.completed.append(final)
         return final
+
+
+    def _copy_to_output(self, source: str) -> str:
+        target = os.path.join(self.output_dir, os.path.basename(source))  # still hidden
+        shutil.copyfile(source, target)
+        with open(target, "rb") as fh:
+            os.fsync(fh.fileno())
+        return target
 
 
 def _fsync_dir(path: str) -> None:

@@ -10,6 +10,7 @@ publish error ends it with status 1. Progress goes to stderr every 10 s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -132,7 +133,9 @@ async def main_async(opts: Options, stop: asyncio.Event) -> int:
         await asyncio.wait([getter, stopper], return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
         if not getter.done():
-            getter.cancel()
+            getter.cancel()  # and let it finish cancelling, so the generator can be closed
+            with contextlib.suppress(asyncio.CancelledError):
+                await getter
             break
         chunk = getter.result()
         if chunk is None:
