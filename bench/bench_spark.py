@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -120,8 +119,6 @@ def main() -> None:
                     "sink": {"rows_s": a.rows / snk, "MB_s": a.rows * a.size / snk / 1e6, "secs": snk}}
 
         report(one, args, f"{args.size}-byte bodies, local[2], machine shared with other work")
-        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        print(f"  peak RSS of a child process (nsqd, Spark JVM or Python worker): {rss:,.0f} MiB")
     finally:
         spark.stop()
         node.terminate()
