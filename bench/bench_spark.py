@@ -1,0 +1,130 @@
+"""Spark ↔ NSQ throughput: the ``nsq`` streaming source and the ``nsq`` sink, rows/s.
+
+    .venv/bin/python bench/bench_spark.py [--messages 300000] [--rows 1000000] [--repeat 3]
+
+source: N messages are published to a fresh nsqd (``--max-rdy-count`` raised so a batch can
+stay in flight until the next one commits it), then one streaming query reads them with
+``format("nsq")`` into the ``noop`` sink (or Parquet with ``--parquet``); the clock runs from
+``start()`` until nsqd reports every message FINed (so it includes the commit of the last
+batch). sink: ``spark.range(rows)`` as string bodies written with ``format("nsq")``; the clock
+runs until ``save()`` returned (every MPUB confirmed). One local[2] SparkSession for every run;
+its start-up and the first query's Python start-up are excluded (a warm-up run does both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Figures, report, start_node
+
+
+def session() -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("bench_spark").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def finished(http: int, topic: str, channel: str) -> tuple[int, int, int]:
+    data = httpx.get(f"http://127.0.0.1:{http}/stats", params={"format": "json", "topic": topic}).json()
+    for t in data["topics"]:
+        for c in t["channels"]:
+            if c["channel_name"] == channel:
+                fin = sum(cl["finish_count"] for cl in c["clients"] or [])
+                return fin, c["depth"], c["in_flight_count"]
+    return 0, -1, -1
+
+
+def publish(tcp: int, topic: str, n: int, size: int) -> None:
+    from pynsqd.client import SyncProducer
+
+    body = b"x" * size
+    with SyncProducer(f"127.0.0.1:{tcp}") as producer:
+        for start in range(0, n, 10_000):
+            producer.multi_publish(topic, [body] * min(10_000, n - start))
+
+
+def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic: str, tmp: str) -> float:
+    publish(tcp, topic, args.messages, args.size)
+    df = (spark.readStream.format("nsq").option("nsqdTCPAddresses", f"127.0.0.1:{tcp}").option("topic", topic)
+          .option("channel", "bench").option("maxBatch", str(args.max_batch))
+          .option("maxInFlight", str(3 * args.max_batch)).option("partitions", str(args.partitions)).load())
+    writer = df.writeStream.option("checkpointLocation", f"{tmp}/ckpt-{topic}")
+    writer = writer.format("parquet").option("path", f"{tmp}/out-{topic}") if args.parquet else writer.format("noop")
+    t0 = time.perf_counter()
+    query = writer.start()
+    try:
+        while True:
+            fin, depth, inflight = finished(http, topic, "bench")
+            if fin >= args.messages and depth == 0 and inflight == 0:
+                break
+            if query.exception() is not None:
+                raise SystemExit(f"query failed: {query.exception()}")
+            time.sleep(0.05)
+        return time.perf_counter() - t0
+    finally:
+        query.stop()
+
+
+def sink_run(spark: Any, args: argparse.Namespace, tcp: int, topic: str) -> float:
+    df = spark.range(args.rows).selectExpr(f"repeat('x', {args.size}) AS body").repartition(args.partitions)
+    df.cache().count()
+    t0 = time.perf_counter()
+    (df.write.format("nsq").mode("append").option("nsqdTCPAddress", f"127.0.0.1:{tcp}").option("topic", topic)
+     .save())
+    elapsed = time.perf_counter() - t0
+    df.unpersist()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100, help="body bytes")
+    parser.add_argument("--max-batch", type=int, default=50_000)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--parquet", action="store_true", help="source into Parquet instead of noop")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="bench-spark-")
+    node, tcp, http = start_node(f"{tmp}/data", f"--max-rdy-count={4 * args.max_batch}", "--mem-queue-size=1000000")
+    spark = session()
+    counter = iter(range(1_000_000))
+    try:
+        warm = argparse.Namespace(**{**vars(args), "messages": 2000, "rows": 2000})
+        source_run(spark, warm, tcp, http, "warm", tmp)
+        sink_run(spark, warm, tcp, "warmsink")
+
+        def one(a: argparse.Namespace) -> Figures:
+            n = next(counter)
+            src = source_run(spark, a, tcp, http, f"src{n}", tmp)
+            snk = sink_run(spark, a, tcp, f"sink{n}")
+            return {"source": {"rows_s": a.messages / src, "MB_s": a.messages * a.size / src / 1e6, "secs": src},
+                    "sink": {"rows_s": a.rows / snk, "MB_s": a.rows * a.size / snk / 1e6, "secs": snk}}
+
+        report(one, args, f"{args.size}-byte bodies, local[2], machine shared with other work")
+    finally:
+        spark.stop()
+        node.terminate()
+        node.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The streaming source: ``spark.readStream.format("nsq")``, at-least-once end to end.
+
+Theory of operation
+-------------------
+Spark runs the methods of a ``DataSourceStreamReader`` in two kinds of process. The offset
+methods (``latestOffset``, ``partitions``, ``commit``) run in one long-lived driver-side
+runner per query: the only persistent Python object, so it owns the NSQ consumer (a
+``Feed``: one connection per nsqd, found directly or through lookupd). ``read`` runs on
+executors in fresh, unpickled copies that share nothing with the runner.
+
+Offsets are ``{"seq": n, "hb": k}``. ``latestOffset`` takes up to ``maxBatch`` (or the
+engine's ``ReadMaxRows``) buffered messages, spools them into ``partitions`` files
+(``spool.py``) named for the new ``seq`` and returns ``{"seq": n + 1, "hb": 0}``; the messages
+stay in flight, held. ``partitions(start, end)`` lists those files; executors parse them into
+Arrow batches in parallel. Spark calls ``commit(end)`` while planning the *next* batch, after
+the sink's commit and the ``commits/`` log entry for ``end`` are durable: only then does the
+runner FIN the batch's messages and delete its files. So:
+
+- a crash before ``commit`` leaves the messages un-FINed: nsqd redelivers them after their
+  timeout, and the restarted query re-plans the logged batch, whose spool files belong to the
+  dead runner (each runner spools into its own directory), so it reads nothing twice from the
+  spool; nothing is lost, some ids may arrive twice (dedupe on ``id``);
+- the last batch before an idle period would never be committed (no next batch), so when
+  nothing new arrived and the engine has caught up with a batch that is not yet committed, the
+  runner bumps ``hb`` once: an empty batch whose planning commits the one before;
+- a batch stays in flight until the next batch is planned, so ``maxInFlight`` must exceed two
+  batches (checked in ``options.py``), and the Feed TOUCHes held messages so batches longer
+  than the message timeout keep them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from pynsqd.spark.options import SourceOptions
+from pynsqd.spark.spool import arrow_batches, write_spool
+
+AVAILABLE_NOW_WAIT = 2.0  # seconds a Trigger.AvailableNow run waits for the first messages
+AVAILABLE_NOW_QUIET = 1.0  # ... and the quiet period after which it counts the topic as drained
+
+
+class SpoolPartition(InputPartition):
+    """One spool file of one batch; what an executor's ``read`` parses."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Driver side: consumer, spool, FIN on commit. Executor side: parse spool files."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        # Everything below lives only in the driver-side runner; pickled copies for executors
+        # carry it empty (it is created lazily, never in __init__).
+        self._feed: Any = None
+        self._dir = ""
+        self._seq = 0
+        self._hb = 0
+        self._pending: dict[int, tuple[list[str], list[Any]]] = {}
+        self._available_now = False
+        self._drained = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"opts": self.opts}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["opts"])  # type: ignore[misc]
+
+    # -- driver-side runner ---------------------------------------------------------------
+
+    def _ensure_feed(self) -> Any:
+        if self._feed is None:
+            from pynsqd.spark.feed import Feed
+
+            self._dir = os.path.join(self.opts.spool_dir,
+                                     f"{self.opts.topic}.{self.opts.channel}.{uuid.uuid4().hex[:12]}")
+            os.makedirs(self._dir, exist_ok=True)
+            self._feed = Feed(self.opts)
+            self._feed.start()
+        return self._feed
+
+    def initialOffset(self) -> dict:
+        return {"seq": 0, "hb": 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.opts.max_batch)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = True
+        self._ensure_feed().wait_for_messages(AVAILABLE_NOW_WAIT)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        feed = self._ensure_feed()
+        if (start["seq"], start["hb"]) > (self._seq, self._hb):
+            # A restart on a checkpoint: continue after the logged offsets.
+            self._seq, self._hb = start["seq"], start["hb"]
+        want = self.opts.max_batch
+        if isinstance(limit, ReadMaxRows):
+            want = min(want, limit.max_rows)
+        elif isinstance(limit, ReadAllAvailable):
+            want = self.opts.max_in_flight
+        held = [] if self._drained else feed.take(want)
+        if not held and self._available_now and not self._drained:
+            feed.wait_for_messages(AVAILABLE_NOW_QUIET)
+            held = feed.take(want)
+            self._drained = not held
+        if held:
+            self._seq += 1
+            self._hb = 0
+            self._pending[self._seq] = (self._spool(self._seq, held), held)
+        elif self._pending and start == {"seq": self._seq, "hb": self._hb}:
+            self._hb += 1  # heartbeat: an empty batch whose planning commits the last one
+        return {"seq": self._seq, "hb": self._hb}
+
+    def _spool(self, seq: int, held: list[Any]) -> list[str]:
+        nsqds: dict[str, int] = {}
+        records = [(nsqds.setdefault(m.nsqd, len(nsqds)), m.raw) for m in held]
+        parts = max(1, min(self.opts.partitions, len(records)))
+        size = -(-len(records) // parts)
+        paths = []
+        for i in range(parts):
+            path = os.path.join(self._dir, f"{seq:012d}-{i:03d}.spool")
+            write_spool(path, self.opts.topic, self.opts.channel, list(nsqds),
+                        records[i * size:(i + 1) * size])
+            paths.append(path)
+        return paths
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        out: list[InputPartition] = []
+        for seq in range(start["seq"] + 1, end["seq"] + 1):
+            paths, _ = self._pending.get(seq, ([], []))
+            out.extend(SpoolPartition(path) for path in paths)
+        return out
+
+    def commit(self, end: dict) -> None:
+        done = sorted(seq for seq in self._pending if seq <= end["seq"])
+        if not done:
+            return
+        held = [m for seq in done for m in self._pending[seq][1]]
+        self._feed.finish(held)
+        for seq in done:
+            for path in self._pending.pop(seq)[0]:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+
+    def stop(self) -> None:
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
+
+    # -- executors --------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, SpoolPartition)
+        yield from arrow_batches(partition.path)

@@ -1,0 +1,323 @@
+"""The ``nsq`` Spark data source, sink and pipeline command against a real nsqd.
+
+One local[2] SparkSession serves the whole module (JVM start-up dominates); the pipeline
+command and the standalone cluster run in their own processes, stopped by pid.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed")
+
+from tests.harness import Daemon, wait_for
+from tests.spark_helpers import (
+    Pipeline,
+    channel_stats,
+    consume,
+    make_session,
+    publish,
+    start_standalone,
+)
+
+pytestmark = pytest.mark.spark
+ROOT = Path(__file__).resolve().parent.parent
+BIG_RDY = "--max-rdy-count=200000"
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = make_session()
+    yield session
+    session.stop()
+
+
+def addr(nsqd: Daemon) -> str:
+    host, port = nsqd.tcp
+    return f"{host}:{port}"
+
+
+def stream(spark: Any, nsqd: Daemon, topic: str, channel: str, **options: Any) -> Any:
+    reader = (spark.readStream.format("nsq").option("nsqdTCPAddresses", addr(nsqd))
+              .option("topic", topic).option("channel", channel))
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def committed(spark: Any, path: Path) -> Any:
+    """What the Parquet file sink committed (its metadata log hides uncommitted files)."""
+    log = path / "_spark_metadata"
+    if not log.exists() or not any(f.name.isdigit() for f in log.iterdir()):
+        return None
+    from pyspark.errors import AnalysisException
+
+    try:
+        return spark.read.parquet(str(path))
+    except AnalysisException:  # the logged batches wrote no file yet (empty heartbeat batches)
+        return None
+
+
+def committed_count(spark: Any, path: Path) -> int:
+    df = committed(spark, path)
+    return 0 if df is None else int(df.count())
+
+
+def test_source_100k_messages_into_parquet_every_id_once_and_fin_only_after_commit(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    nsqd = nsqd_factory(BIG_RDY)
+    total = 100_000
+    publish(nsqd, "events", (b"m%06d" % i for i in range(total)))
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    df = stream(spark, nsqd, "events", "spark", maxBatch=20_000, maxInFlight=60_000)
+    query = df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt)).start()
+    samples = 0
+    try:
+        def drained() -> bool:
+            nonlocal samples
+            # FIN count first, committed rows after: a FIN that preceded its batch's commit would
+            # show as more FINs than committed rows.
+            fin = channel_stats(nsqd, "events", "spark").get("finish_count", 0)
+            rows = committed_count(spark, out)
+            assert fin <= rows, f"{fin} messages FINed but only {rows} rows committed"
+            samples += 1
+            stats = channel_stats(nsqd, "events", "spark")
+            return stats.get("depth") == 0 and stats.get("in_flight_count") == 0 and stats["finish_count"] == total
+        wait_for(drained, timeout=120, interval=2.0, what="every message FINed")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    result = committed(spark, out)
+    assert result is not None
+    ids = result.select("id").distinct().count()
+    bodies = {bytes(r.body) for r in result.select("body").distinct().collect()}
+    assert ids == total
+    assert bodies == {b"m%06d" % i for i in range(total)}
+    row = result.first()
+    assert row.topic == "events" and row.channel == "spark" and row.nsqd == addr(nsqd) and row.attempts == 1
+    stats = channel_stats(nsqd, "events", "spark")
+    assert stats["timeout_count"] == 0 and stats["requeue_count"] == 0
+    assert samples >= 2
+
+
+def test_source_stopped_mid_stream_and_restarted_on_its_checkpoint_loses_nothing(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    nsqd = nsqd_factory(BIG_RDY)
+    total = 30_000
+    publish(nsqd, "orders", (b"o%05d" % i for i in range(total)))
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def start() -> Any:
+        df = stream(spark, nsqd, "orders", "spark", maxBatch=5000, maxInFlight=15000, msgTimeout=2000)
+        return (df.writeStream.format("parquet").option("path", str(out))
+                .option("checkpointLocation", str(ckpt)).start())
+
+    first = start()
+    try:
+        wait_for(lambda: committed_count(spark, out) >= 3000, timeout=60, interval=0.3, what="some batches")
+    finally:
+        first.stop()  # the runner dies with its consumer: the batch in flight was not committed
+    before = committed_count(spark, out)
+    assert before < total
+    second = start()
+    try:
+        def all_there() -> bool:
+            df = committed(spark, out)
+            stats = channel_stats(nsqd, "orders", "spark")
+            return (df is not None and df.select("body").distinct().count() == total
+                    and stats.get("depth") == 0 and stats.get("in_flight_count") == 0)
+        wait_for(all_there, timeout=240, interval=0.5, what="every message after the restart")
+        assert second.exception() is None
+    finally:
+        second.stop()
+    result = committed(spark, out)
+    assert result.select("id").distinct().count() == total  # ids are stable across redelivery
+    assert {bytes(r.body) for r in result.select("body").distinct().collect()} == {b"o%05d" % i for i in range(total)}
+
+
+def test_available_now_run_ends_with_every_message_committed_and_touch_keeps_a_slow_batch_alive(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    nsqd = nsqd_factory()
+    total = 2000
+    publish(nsqd, "slow", (b"s%04d" % i for i in range(total)))
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType
+
+    def slow(body: bytes) -> bytes:
+        import time as clock
+
+        clock.sleep(0.004)  # the workload: a 1000-row batch takes > 2 s on 2 cores, the msg timeout
+        return body
+
+    df = stream(spark, nsqd, "slow", "spark", maxBatch=1000, maxInFlight=2500, msgTimeout=2000)
+    out = tmp_path / "out"
+    slowed = df.withColumn("body", F.udf(slow, BinaryType(), useArrow=False)("body"))
+    query = (slowed.writeStream.format("parquet").option("path", str(out))
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    assert query.awaitTermination(180), "the availableNow run did not end"
+    assert query.exception() is None
+    result = committed(spark, out)
+    assert result.count() == total and result.select("id").distinct().count() == total
+    assert result.filter("attempts > 1").count() == 0
+    stats = channel_stats(nsqd, "slow", "spark")
+    assert stats["timeout_count"] == 0 and stats["requeue_count"] == 0
+    wait_for(lambda: channel_stats(nsqd, "slow", "spark").get("in_flight_count") == 0, timeout=30,
+             what="the last batch FINed (heartbeat commit) or released by the stopped runner")
+    assert channel_stats(nsqd, "slow", "spark")["depth"] == 0
+
+
+def test_sink_publishes_a_million_rows_and_a_consumer_receives_every_one(
+        spark: Any, nsqd_factory: Callable[..., Daemon]) -> None:
+    nsqd = nsqd_factory()
+    rows = 1_000_000
+    (spark.range(rows).selectExpr("CAST(id AS STRING) AS body").repartition(2)
+     .write.format("nsq").mode("append").option("nsqdTCPAddress", addr(nsqd)).option("topic", "million").save())
+    received = consume(nsqd, "million", "check", rows, timeout=120)
+    assert len(received) == rows
+    assert set(received) == {str(i).encode() for i in range(rows)}
+
+
+def test_stream_sink_publishes_binary_bodies_to_each_rows_topic(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    nsqd = nsqd_factory()
+    publish(nsqd, "in", (b"line %d\nwith a newline" % i for i in range(2000)))
+    df = stream(spark, nsqd, "in", "fanout")
+    number = "CAST(regexp_extract(CAST(body AS STRING), 'line ([0-9]+)', 1) AS INT)"
+    routed = df.selectExpr("body", f"CASE WHEN {number} % 2 = 0 THEN 'even' ELSE 'odd' END AS topic")
+    query = (routed.writeStream.format("nsq").option("nsqdTCPAddress", addr(nsqd))
+             .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    try:
+        even = consume(nsqd, "even", "c", 1000, timeout=60)
+        odd = consume(nsqd, "odd", "c", 1000, timeout=60)
+    finally:
+        query.stop()
+    assert sorted(even + odd) == sorted(b"line %d\nwith a newline" % i for i in range(2000))
+    assert all(int(b.split()[1]) % 2 == 0 for b in even)
+
+
+def test_bad_options_are_clear_errors(spark: Any, nsqd_factory: Callable[..., Daemon]) -> None:
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    with pytest.raises((PySparkException, Py4JJavaError, ValueError), match="option topic is required"):
+        spark.readStream.format("nsq").option("nsqdTCPAddresses", "127.0.0.1:1").option("channel", "c").load() \
+            .writeStream.format("console").start().awaitTermination(5)
+    with pytest.raises((PySparkException, Py4JJavaError, ValueError), match="'body' column"):
+        spark.range(1).write.format("nsq").mode("append").option("nsqdTCPAddress", "127.0.0.1:1") \
+            .option("topic", "t").save()
+
+
+def readme_command() -> str:
+    """The ``nsq_spark_pipeline`` example from the README, continuation lines joined."""
+    text = (ROOT / "README.md").read_text()
+    match = re.search(r"^(nsq_spark_pipeline .*?)(?<!\\)$", text, re.M | re.S)
+    assert match, "README has no nsq_spark_pipeline example"
+    return match.group(1).replace("\\\n", " ")
+
+
+def test_pipeline_command_from_the_readme_survives_a_kill_and_restart(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    nsqd = nsqd_factory("--max-rdy-count=30000")
+    total = 40_000
+    publish(nsqd, "events", (b"e%05d" % i for i in range(total)))
+    command = readme_command().replace("127.0.0.1:4150", addr(nsqd)).replace("/data/", f"{tmp_path}/")
+    args = [*shlex.split(command)[1:], "--msg-timeout=3s", "--progress-interval=1s", "--max-in-flight=15000"]
+    out = tmp_path / "events"
+    log = tmp_path / "pipeline.log"
+    first = Pipeline(args, log)
+    try:
+        wait_for(lambda: committed_count(spark, out) > 0 or first.proc.poll() is not None, timeout=120,
+                 interval=0.3, what="the first committed batch")
+    finally:
+        first.kill()  # the driver and its JVM die mid-stream
+    assert committed_count(spark, out) < total, first.output()
+    second = Pipeline(args, log)
+    try:
+        def all_there() -> bool:
+            assert second.proc.poll() is None, second.output()
+            df = committed(spark, out)
+            return df is not None and df.select("line").distinct().count() == total
+        wait_for(all_there, timeout=180, interval=1.0, what="every message after the restart")
+        wait_for(lambda: re.search(r"batch \d+ rows \d+ rows/s [\d,]+ lag", second.output()), timeout=30,
+                 interval=0.2, what="a progress line")
+    finally:
+        code = second.interrupt()
+    assert code == 0, second.output()
+    assert "nsq_spark_pipeline: stopped" in second.output()
+    result = committed(spark, out)
+    assert {r.line for r in result.select("line").distinct().collect()} == {f"e{i:05d}" for i in range(total)}
+    assert "date" in result.columns  # partitioned by date
+
+
+def test_pipeline_on_a_standalone_cluster(nsqd_factory: Callable[..., Daemon], tmp_path: Path,
+                                          spark: Any) -> None:
+    nsqd = nsqd_factory()
+    url, procs = start_standalone(tmp_path / "cluster")
+    try:
+        total = 5000
+        publish(nsqd, "clustered", (b"c%04d" % i for i in range(total)))
+        out = tmp_path / "out"
+        pipeline = Pipeline([f"--nsqd-tcp-address={addr(nsqd)}", "--topic=clustered", f"--master={url}",
+                             "--sql=SELECT id, timestamp, CAST(body AS STRING) AS line FROM nsq",
+                             f"--output-dir={out}", f"--checkpoint-dir={tmp_path / 'ckpt'}"],
+                            tmp_path / "pipeline.log")
+        try:
+            def done() -> bool:
+                assert pipeline.proc.poll() is None, pipeline.output()
+                df = committed(spark, out)
+                return df is not None and df.select("line").distinct().count() == total
+            wait_for(done, timeout=180, interval=1.0, what="the cluster's output")
+        finally:
+            assert pipeline.interrupt() == 0, pipeline.output()
+        app_logs = list((tmp_path / "cluster" / "work").glob("app-*/*/stderr"))
+        assert app_logs, "no executor ran on the worker"
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def test_nsq_to_file_archives_are_read_by_sparks_native_text_json_and_file_stream(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    pytest.importorskip("pynsqd.tools.nsq_to_file", reason="nsq_to_file is not on this branch yet")
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    nsqd = nsqd_factory()
+    total = 5000
+    publish(nsqd, "archive", (json.dumps({"n": i, "text": f"line {i}"}).encode() for i in range(total)))
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    work.mkdir()
+    tool = subprocess.Popen([sys.executable, "-m", "pynsqd.tools.nsq_to_file", f"--nsqd-tcp-address={addr(nsqd)}",
+                             "--topic=archive", f"--output-dir={out}", f"--work-dir={work}", "--gzip",
+                             "--rotate-size=20000", "--max-in-flight=1000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def written() -> bool:
+            stats = channel_stats(nsqd, "archive", "nsq_to_file")
+            return stats.get("depth") == 0 and stats.get("in_flight_count") == 0 and stats["finish_count"] == total
+        wait_for(written, timeout=60, interval=0.2, what="nsq_to_file to write every message")
+    finally:
+        tool.send_signal(signal.SIGINT)
+        code = tool.wait(60)
+    assert code == 0
+    files = sorted(out.glob("*.gz"))
+    assert len(files) > 1  # rotated: several complete files
+    text = spark.read.text(str(out))
+    assert text.count() == total
+    rows = spark.read.json(str(out)).select("n").collect()
+    assert sorted(r.n for r in rows) == list(range(total))
+    query = (spark.readStream.format("text").load(str(out)).writeStream.format("parquet")
+             .option("path", str(tmp_path / "copy")).option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(120)
+    assert committed_count(spark, tmp_path / "copy") == total
