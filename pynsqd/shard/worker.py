@@ -10,8 +10,10 @@ the inbound rings). The options come resolved in the same JSON, so a worker neve
 flags or config files.
 
 Boot: die with the parent (``PR_SET_PDEATHSIG``), build the ``Broker`` with this shard's
-index (message ids carry it), restore the topics of ``nsqd.dat`` this shard owns, attach the
-inbound and outbound rings, drain what the inbound rings still hold, serve HTTP, then tell
+index (message ids carry it), restore the topics of ``nsqd.dat`` this shard owns — each
+queue attaches to its shared-memory segment and recovers what a previous process left in it
+— and recreate its own topics found only in shared memory, attach the inbound and outbound
+rings, drain what the inbound rings still hold, serve HTTP, then tell
 the supervisor ``ready``. Any failure before that exits with ``BOOT_ERROR`` after one line on
 stderr, which stops the supervisor's respawn loop.
 
@@ -22,8 +24,8 @@ timestamp into the heartbeat slot; a loop that stops beating is killed by the su
 Exit (``quiesce`` then ``exit`` from the supervisor, or SIGTERM when run alone): stop
 delivering (every consumer is put in CLS's closing state), wait a bounded time for the
 messages in flight to be FINed or REQed, stop HTTP, close clients; then drain the inbound
-rings, persist every queue (what is still in flight goes back to it), send the final topic
-snapshot.
+rings, close every queue (their logs stay in shared memory, in-flight and deferred records
+as they are, for the next start; disk queues are synced), send the final topic snapshot.
 """
 
 from __future__ import annotations
