@@ -20,7 +20,7 @@ from tests.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFER_MS = 8000  # outlasts a restart of the whole process tree (supervisor + shards boot)
+DEFER_MS = 15000  # outlasts a SIGTERM (up to 5 s waiting for FINs) and a restart of the whole tree
 
 
 def pynsq_publish(nsqd: Daemon, topic: str, count: int, prefix: str) -> None:
@@ -115,9 +115,9 @@ class Scenario:
         redelivered: list[bytes] = []
         with RawClient(again.tcp) as c:
             c.subscribe("crash", "ch", rdy=500)
-            deadline = time.monotonic() + scaled(30)
+            deadline = time.monotonic() + scaled(30) + DEFER_MS / 1000
             while not expected <= set(got) and time.monotonic() < deadline:
-                m = c.read_message(timeout=scaled(10))
+                m = c.read_message(timeout=scaled(10) + DEFER_MS / 1000)
                 if m.body in got:
                     redelivered.append(m.body)
                 got[m.body] = (m.attempts, time.time())
@@ -140,7 +140,7 @@ class Scenario:
             c.subscribe("lonely", "ch", rdy=500)
             lonely = {c.read_message(timeout=scaled(10)).body for _ in range(300)}
             assert lonely == self.orphans - {b"o-deferred"}
-            m = c.read_message(timeout=scaled(10))
+            m = c.read_message(timeout=scaled(10) + DEFER_MS / 1000)
             assert m.body == b"o-deferred" and time.time() >= self.dpub_due - 0.05
             c.send(encode_fin(m.id))
 
