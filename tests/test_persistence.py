@@ -193,3 +193,31 @@ def test_full_disk_fails_the_publish_and_damages_nothing(nsqd_factory: Callable[
         c.expect_nothing(0.3)
     assert got == stored
     assert not list(tmp_path.glob("*.bad"))
+
+
+def test_corrupt_deferred_sidecar_is_set_aside_and_the_node_starts(nsqd_factory: Callable[..., Daemon],
+                                                                    tmp_path: Path) -> None:
+    nsqd = nsqd_factory(data_path=tmp_path)
+    with httpx.Client(base_url=nsqd.http_url, timeout=10) as http:
+        for topic in ("good", "bad"):
+            assert http.post(f"/topic/create?topic={topic}").status_code == 200
+            assert http.post(f"/channel/create?topic={topic}&channel=ch").status_code == 200
+            assert http.post(f"/pub?topic={topic}", content=b"ready").status_code == 200
+            assert http.post(f"/pub?topic={topic}&defer=3600000", content=b"later").status_code == 200
+    assert nsqd.stop() == 0 and "exited cleanly" in nsqd.output
+    sidecar = tmp_path / "bad:ch.diskqueue.deferred.dat"
+    assert sidecar.exists() and (tmp_path / "good:ch.diskqueue.deferred.dat").exists()
+    sidecar.write_bytes(sidecar.read_bytes()[:-7])  # torn
+    again = nsqd_factory(data_path=tmp_path)
+    again.wait_for_log(r"deferred messages file .*bad:ch\.diskqueue\.deferred\.dat is corrupt")
+    assert not sidecar.exists() and (tmp_path / "bad:ch.diskqueue.deferred.dat.bad").exists()
+    good, bad = channel_stats(again, "good", "ch"), channel_stats(again, "bad", "ch")
+    assert (good["depth"], good["deferred_count"]) == (1, 1)
+    assert (bad["depth"], bad["deferred_count"]) == (1, 0)
+    for topic in ("good", "bad"):
+        with RawClient(again.tcp) as c:
+            c.subscribe(topic, "ch", rdy=10)
+            m = c.read_message()
+            assert m.body == b"ready"
+            c.send(encode_fin(m.id))
+            c.expect_nothing(0.3)

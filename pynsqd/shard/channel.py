@@ -308,29 +308,25 @@ class Channel:
         self._schedule(self)
 
     def close(self, delete: bool = False) -> None:
-        """Shut down: on ``delete`` drop everything; otherwise move in-flight and deferred
-        messages back to the queue (attempts kept) and flush memory to the backend."""
+        """Shut down: on ``delete`` drop everything; otherwise the queue keeps every message
+        (in flight ones with their attempts, deferred ones with their due times): on disk
+        for a durable channel, in shared memory otherwise (``MessageQueue.close``)."""
         self.deleted = delete
         if delete:
             for client in list(self.consumers):
                 client.close_for_channel_delete()
             self.queue.close(delete=True)
             return
-        # In-flight and deferred messages stay in the log as they are: the next process
-        # delivers the in-flight ones again and keeps the deferred ones' due times. Only
-        # deferred messages that found no room in shared memory go to the backend, ready.
-        memory_only = [record for _, record in self.deferred.drain()
+        # In-flight and deferred records are in the log as they are; only deferred messages
+        # that found no room in shared memory are handed to the queue separately.
+        offset = time.time_ns() - time.monotonic_ns()
+        memory_only = [(due + offset, record) for due, record in self.deferred.drain()
                        if self.deferred_at.get(record[ID_OFFSET:ID_OFFSET + 16], -1) < 0]
         self.deferred_at.clear()
         self.in_flight.clear()
         for client in self.consumers:
             client.in_flight.drain()
-        if memory_only:
-            try:
-                self.queue.backend.put_many(memory_only)
-            except Exception:
-                log.exception("%r: %d deferred messages lost on exit", self, len(memory_only))
-        self.queue.close()
+        self.queue.close(deferred=memory_only)
 
     # --- stats ----------------------------------------------------------------------------
     @property

@@ -14,15 +14,24 @@ Counts kept here (the log itself only knows bytes): ``ready`` (READY records in 
 released. When the log is out of room while most of it is DONE behind a long-lived record
 at the front, ``make_room`` moves that record to the write end (``on_move`` tells the
 owner, which holds positions of in-flight and deferred messages).
+
+A durable queue (one with a ``sidecar`` path) does not leave its messages in shared memory
+on a clean ``close``: ready and in-flight records go to the disk queue (attempts as
+stored), deferred ones with their due times to the sidecar file (``pynsqd.shm.sidecar``);
+only when both are on disk is the segment unlinked, so a kill -9 in between gives
+duplicates, never loss, and a reboot after a clean stop loses nothing. ``recover`` loads
+the sidecar back as deferred records (after the segment's own, if one was left).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from pynsqd.shm.log import DONE, READY, MessageLog
+from pynsqd.shm import sidecar as sidecar_file
+from pynsqd.shm.log import DEFERRED, DONE, READY, MessageLog
 from pynsqd.shm.segment import Segment
 from pynsqd.shm.store import open_log
 
@@ -66,6 +75,7 @@ class DropBackend:
 
 
 RELEASE_EVERY = 256
+PERSIST_BATCH = 4096  # records per backend write when a queue moves to disk on exit
 MoveHook = Callable[[int, int, int, bytes], None]
 
 
@@ -74,11 +84,12 @@ class MessageQueue:
     backend's error (then nothing was stored)."""
 
     __slots__ = ("_done", "again", "backend", "cursor", "largest", "limit", "live", "log", "on_move",
-                 "ready", "recovering", "segment")
+                 "ready", "recovering", "segment", "sidecar")
 
     def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
-                 recovering: bool = False) -> None:
+                 recovering: bool = False, sidecar: str | None = None) -> None:
         self.log = log
+        self.sidecar = sidecar  # where deferred messages wait across a clean exit (durable only)
         self.recovering = recovering  # the owner calls ``recover`` first
         self.again: dict[int, None] = {}  # READY records behind the cursor (requeued in place)
         self.segment = segment
@@ -99,13 +110,33 @@ class MessageQueue:
         return self.backend.depth
 
     def recover(self) -> list[tuple[int, int, bytes]]:
-        """Adopt what a previous process left: returns [(pos, due wall ns, message)] deferred."""
+        """Adopt what a previous process left: returns [(pos, due wall ns, message)] deferred,
+        pos -1 for a message of the sidecar that found no room in the log."""
         self.recovering = False
         ready, deferred, live = self.log.recover_states()
         self.ready = ready
         self.live = live
         self.cursor = self.log.read_index
+        if self.sidecar is not None:
+            deferred += self._load_sidecar(self.sidecar)
         return deferred
+
+    def _load_sidecar(self, path: str) -> list[tuple[int, int, bytes]]:
+        """The deferred messages a clean exit wrote, appended to the log (no ``make_room``:
+        the owner does not know the recovered positions yet); the file is removed once
+        every one of them is in shared memory."""
+        out = []
+        for due, message in sidecar_file.read(path, logger):
+            pos = self.log.append(message, DEFERRED, due)
+            if pos is not None:
+                self.live += 1
+            out.append((-1 if pos is None else pos, due, message))
+        if out and all(pos >= 0 for pos, _, _ in out):
+            try:
+                sidecar_file.remove(path)
+            except OSError as exc:  # kept: loaded again next time (a duplicate, never a loss)
+                logger.error("failed to remove %s - %s", path, exc)
+        return out
 
     # --- in ---------------------------------------------------------------------------
     def put_many(self, records: Sequence[bytes]) -> None:
@@ -261,23 +292,61 @@ class MessageQueue:
         self.ready = self.live = self._done = 0
         self.again.clear()
         self.backend.empty()
+        if self.sidecar is not None:
+            try:
+                sidecar_file.remove(self.sidecar)
+            except OSError as exc:
+                logger.error("failed to remove %s - %s", self.sidecar, exc)
 
-    def close(self, delete: bool = False) -> None:
-        """Detach (the segment stays for the next process) or, with ``delete``, remove it."""
+    def close(self, delete: bool = False, deferred: Sequence[tuple[int, bytes]] = ()) -> None:
+        """Shut down. ``delete`` removes everything (disk files, sidecar, segment). Otherwise a
+        durable queue moves every live record to disk (see the module doc) and removes its
+        segment; a queue without a sidecar detaches and its segment stays for the next
+        process. ``deferred`` are [(due wall ns, message)] the owner holds outside the log
+        (no room in shared memory): they go to the sidecar, or ready to the backend."""
+        unlink = delete
         if delete:
-            self.backend.delete()
+            self.backend.delete()  # its files include the sidecar (``all_files_pattern``)
+        elif self.sidecar is not None and self.segment is not None:
+            unlink = self._persist(self.sidecar, deferred)
         else:
+            if deferred:
+                try:
+                    self.backend.put_many([message for _, message in deferred])
+                except Exception:
+                    logger.exception("%d deferred messages lost on exit", len(deferred))
             self.backend.close()
         self.log.close()
         if self.segment is not None:
-            if delete:
+            if unlink:
                 self.segment.unlink()
             self.segment.close()
+
+    def _persist(self, path: str, held: Sequence[tuple[int, bytes]]) -> bool:
+        """Write every live record to disk; True once all of it is durable. On failure the
+        segment keeps them (and the next process may see some twice)."""
+        try:
+            ready, deferred = self.log.live_records()
+            for start in range(0, len(ready), PERSIST_BATCH):
+                self.backend.put_many(ready[start:start + PERSIST_BATCH])
+            self.backend.close()  # syncs the data and persists the metadata
+            sidecar_file.write(path, deferred + list(held))
+        except Exception:
+            logger.exception("failed to move %r to disk; its messages stay in shared memory", self.backend)
+            try:
+                self.backend.close()
+            except Exception:
+                pass
+            return False
+        return True
 
 
 def segment_queue(data_path: str, limit: int, capacity: int, kind: str, name: str,
                   backend: Backend) -> MessageQueue:
     """A queue whose log is in the node's shared-memory segment for ``kind``/``name``
-    (attached and marked for recovery when a previous process left it)."""
+    (attached and marked for recovery when a previous process left it, or a clean exit
+    left deferred messages in its sidecar file). ``#ephemeral`` queues have no sidecar."""
     segment, log_, existed = open_log(data_path, kind, name, capacity)
-    return MessageQueue(log_, limit, backend, segment, recovering=existed)
+    sidecar = None if isinstance(backend, DropBackend) else sidecar_file.sidecar_path(data_path, name)
+    recovering = existed or (sidecar is not None and os.path.exists(sidecar))
+    return MessageQueue(log_, limit, backend, segment, recovering=recovering, sidecar=sidecar)

@@ -131,11 +131,10 @@ class Topic:
         if delete:
             self.queue.close(delete=True)
             return
-        memory_only = [record for record, _, pos in self.waiting_deferred if pos < 0]
+        offset = time.time_ns() - time.monotonic_ns()
+        memory_only = [(due + offset, record) for record, due, pos in self.waiting_deferred if pos < 0]
         self.waiting_deferred.clear()
-        if memory_only:
-            self.queue.backend.put_many(memory_only)
-        self.queue.close()
+        self.queue.close(deferred=memory_only)
 
     @property
     def depth(self) -> int:

@@ -41,8 +41,10 @@ def data_file_pattern(name: str) -> re.Pattern[str]:
 
 
 def all_files_pattern(name: str) -> re.Pattern[str]:
-    """Matches every file the queue may leave: data, ``.bad``, metadata and its temp files."""
-    return re.compile(rf"{re.escape(name)}\.diskqueue\.(?:\d{{6,}}\.dat(?:\.bad)?|meta\.dat(?:\.\d+\.tmp)?)")
+    """Matches every file the queue may leave: data, ``.bad``, metadata and its temp files,
+    and the deferred-messages sidecar (``pynsqd.shm.sidecar``) with its temp and ``.bad``."""
+    return re.compile(rf"{re.escape(name)}\.diskqueue\.(?:\d{{6,}}\.dat(?:\.bad)?|meta\.dat(?:\.\d+\.tmp)?"
+                      r"|deferred\.dat(?:\.bad|\.tmp)?)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,8 @@ copies it to the write end (the caller updates its references) and marks the old
 
 After a crash, ``recover`` walks the whole log once: in-flight records become ready again
 (attempts kept), deferred ones are reported with their due time, done ones are skipped.
+On a clean exit of a durable queue, ``live_records`` hands every live record to the owner,
+which moves them to disk before the segment is removed (``pynsqd.shard.queue``).
 """
 
 from __future__ import annotations
@@ -257,6 +259,26 @@ class MessageLog(ByteRing):
                 raise RingError(f"record at {pos} has unknown state {state}")
             read = at + FRAME_SIZE + size + (-size & 7)
         return ready, deferred, live
+
+    def live_records(self) -> tuple[list[bytes], list[tuple[int, bytes]]]:
+        """Every live record, oldest first, without changing anything: (ready and in-flight
+        messages, [(due, message)] of deferred ones). ``RingError`` if a frame is corrupt."""
+        buf = self._buf
+        write = self.write_index
+        read = self.read_index
+        ready: list[bytes] = []
+        deferred: list[tuple[int, bytes]] = []
+        while read < write:
+            at, pos, size = self._frame_at(read)
+            state = buf[HEADER_SIZE + pos + FRAME_SIZE]
+            if state in (READY, IN_FLIGHT, DEFERRED):
+                _, due, message = self.message_at(pos + FRAME_SIZE)
+                if state == DEFERRED:
+                    deferred.append((due, message))
+                else:
+                    ready.append(message)
+            read = at + FRAME_SIZE + size + (-size & 7)
+        return ready, deferred
 
     @staticmethod
     def frame_of(message_size: int) -> int:
