@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,9 +20,13 @@ class EmbeddedServer(uvicorn.Server):
         yield
 
 
-def embedded_server(app: Any) -> EmbeddedServer:
+def embedded_server(app: Any, ssl_context: ssl.SSLContext | None = None) -> EmbeddedServer:
     """A server for ``app`` with pynsqd's settings: no lifespan, no access log, no
-    ``Server`` header, errors through the ``pynsqd`` logging setup; httptools' parser."""
+    ``Server`` header, errors through the ``pynsqd`` logging setup; httptools' parser.
+    With ``ssl_context`` it serves HTTPS with that context (the daemon's own TLS settings)."""
     config = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
                             server_header=False, timeout_graceful_shutdown=5)
+    if ssl_context is not None:
+        config.load()
+        config.ssl = ssl_context
     return EmbeddedServer(config)

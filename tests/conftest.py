@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 
+from tests.certs import Certs
 from tests.harness import Daemon
 from tests.test_clients import clients  # noqa: F401  (the fixture, shared with test_http)
 
@@ -59,3 +60,9 @@ def nsqd_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 def nsqd(nsqd_factory: Callable[..., Daemon]) -> Daemon:
     """One nsqd node with default options."""
     return nsqd_factory()
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A CA, server and client certificates made for this run (never committed)."""
+    return Certs.make(tmp_path_factory.mktemp("certs"))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import time
 from typing import Any
 
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import encode_identify, encode_rdy, encode_sub
+from pynsqd.wire.compression import Codec, make_codec
 from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, FrameParser
 from pynsqd.wire.message import decode_message
 from tests.harness import connect, scaled
@@ -26,6 +28,7 @@ class RawClient:
         self.sock = connect(address)
         self.parser = FrameParser()
         self.frames: list[tuple[int, bytes]] = []
+        self.codec: Codec | None = None
         if magic:
             self.sock.sendall(magic)
 
@@ -39,7 +42,22 @@ class RawClient:
         self.close()
 
     def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
+        self.sock.sendall(self.codec.encode(data) if self.codec else data)
+
+    def _recv(self) -> bytes:
+        data = self.sock.recv(1 << 20)
+        if self.codec is not None and data:
+            data = b"".join(self.codec.decode(data))
+        return data
+
+    def start_tls(self, ctx: ssl.SSLContext, server_hostname: str = "localhost") -> None:
+        """Run the client side of the TLS handshake (after IDENTIFY negotiated ``tls_v1``)."""
+        assert not self.frames and not self.parser.buffered
+        self.sock = ctx.wrap_socket(self.sock, server_hostname=server_hostname)
+
+    def start_compression(self, name: str, level: int = 6) -> None:
+        """Switch both directions to snappy or deflate (after IDENTIFY negotiated it)."""
+        self.codec = make_codec(name, level)
 
     def read_frame(self, timeout: float = 5.0, skip_heartbeats: bool = True) -> tuple[int, bytes]:
         end = time.monotonic() + scaled(timeout)
@@ -53,7 +71,7 @@ class RawClient:
             if left <= 0:
                 raise TimeoutError("no frame arrived in time")
             self.sock.settimeout(left)
-            data = self.sock.recv(1 << 20)
+            data = self._recv()
             if not data:
                 raise ConnectionError("connection closed by server")
             self.frames.extend(self.parser.feed(data))
@@ -94,10 +112,10 @@ class RawClient:
         while time.monotonic() < end:
             self.sock.settimeout(max(0.01, end - time.monotonic()))
             try:
-                data = self.sock.recv(1 << 20)
+                data = self._recv()
             except TimeoutError:
                 continue
-            except ConnectionResetError:
+            except (ConnectionResetError, ssl.SSLError):
                 return
             if not data:
                 return
@@ -106,10 +124,33 @@ class RawClient:
 
     # --- conveniences ---------------------------------------------------------------------
     def identify(self, **fields: Any) -> dict[str, Any]:
+        """IDENTIFY with feature negotiation; reads exactly the response frame off the socket,
+        so bytes of an upgraded stream that follow it stay unread."""
         body = {"feature_negotiation": True, **fields}
         self.send(encode_identify(json.dumps(body).encode()))
-        data = self.expect_response()
-        return dict(json.loads(data))
+        if self.frames or self.parser.buffered or self.codec is not None:
+            return dict(json.loads(self.expect_response()))
+        frame: tuple[int, bytes] = (FRAME_RESPONSE, b"_heartbeat_")
+        while frame == (FRAME_RESPONSE, b"_heartbeat_"):
+            frame = self.read_frame_exact()
+        assert frame[0] == FRAME_RESPONSE, frame
+        return dict(json.loads(frame[1]))
+
+    def read_frame_exact(self, timeout: float = 5.0) -> tuple[int, bytes]:
+        """One frame read straight off the socket, nothing more."""
+        self.sock.settimeout(scaled(timeout))
+        head = self._recv_exact(8)
+        size, frame_type = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:], "big")
+        return frame_type, self._recv_exact(size - 4)
+
+    def _recv_exact(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            data = self.sock.recv(n - len(out))
+            if not data:
+                raise ConnectionError("connection closed by server")
+            out += data
+        return out
 
     def subscribe(self, topic: str, channel: str, rdy: int | None = None) -> None:
         self.send(encode_sub(topic, channel))

@@ -146,7 +146,8 @@ def test_topics_channels_and_pauses_set_over_http_survive_restart(
     (["--msg-timeout=forever"], "invalid value 'forever' for flag --msg-timeout"),
     (["--node-id=2000"], "--node-id must be [0,1024) (got 2000)"),
     (["--tcp-address=nonsense"], "invalid value 'nonsense' for flag --tcp-address"),
-    (["--tls-cert=c.pem", "--tls-key=k.pem"], "not supported by this build of pynsqd yet"),
+    (["--tls-cert=c.pem", "--tls-key=k.pem"], "failed to load TLS certificate/key"),
+    (["--enable-experiment=topology-aware-consumption"], "not supported by this build of pynsqd yet"),
 ])
 def test_bad_flags_are_one_line_errors_with_exit_1(tmp_path: Path, args: list[str], message: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "pynsqd.supervisor", f"--data-path={tmp_path}", *args],

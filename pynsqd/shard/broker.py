@@ -26,6 +26,7 @@ from typing import Any
 from pynsqd.options import MS
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.config import NsqdOptions
+from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import Backend, DropBackend
 from pynsqd.shard.topic import Topic
 from pynsqd.wire.message import HEADER, IdFactory
@@ -122,6 +123,9 @@ class Broker:
             channel = Channel(topic.name, name, self._backend(f"{topic.name}:{name}", ephemeral),
                               self.opts.mem_queue_size, self.schedule,
                               self.opts.max_channel_consumers)
+            if self.opts.e2e_processing_latency_percentile:
+                channel.e2e = LatencyWindow(self.opts.e2e_processing_latency_window_time,
+                                            self.opts.e2e_processing_latency_percentile)
             topic.add_channel(channel)
             log.info("TOPIC(%s): new channel(%s)", topic.name, name)
             self._changed("created", topic.name, name)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pynsqd.shard.inflight import DeferredQueue, InFlight
+from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import Backend, MessageQueue
 from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, ID_OFFSET, with_attempts
 from pynsqd.wire.names import is_ephemeral
@@ -60,6 +61,7 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        self.e2e: LatencyWindow | None = None  # set when e2e percentiles are configured
         self._schedule = schedule
         self._turn = 0
 
@@ -163,7 +165,9 @@ class Channel:
         return entry
 
     def finish(self, client: Any, msg_id: bytes) -> None:
-        self._pop_in_flight(client, msg_id)
+        entry = self._pop_in_flight(client, msg_id)
+        if self.e2e is not None:
+            self.e2e.add_record(entry.record)
         client.finish_count += 1
         self.notify_ready()
 

@@ -207,12 +207,9 @@ def check_supported(opts: NsqdOptions) -> None:
             raise UsageError(f"invalid experiment {exp!r}")
     if opts.tls_required != "false" and not (opts.tls_cert and opts.tls_key):
         raise UsageError("cannot require TLS client connections without TLS key and cert")
+    if bool(opts.tls_cert) != bool(opts.tls_key):
+        raise UsageError("--tls-cert and --tls-key must be given together")
     not_yet = {
-        "--tls-cert/--tls-key (TLS)": bool(opts.tls_cert or opts.tls_key),
-        "--tls-root-ca-file": bool(opts.tls_root_ca_file),
-        "--auth-http-address (AUTH)": bool(opts.auth_http_address),
-        "--statsd-address (statsd)": bool(opts.statsd_address),
-        "--e2e-processing-latency-percentile": bool(opts.e2e_processing_latency_percentile),
         "--enable-experiment": bool(opts.enable_experiment),
     }
     for what, is_set in not_yet.items():

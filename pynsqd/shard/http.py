@@ -103,6 +103,7 @@ class NsqdHTTP:
         self.info = info
         self.persist = persist
         self.set_lookupd_addresses = set_lookupd_addresses
+        self.tls_required_port = 0  # with --tls-required=true: plain HTTP gets 403 naming this port
         routes = [
             Route("/ping", self.ping, methods=["GET"]),
             Route("/info", self.info_route, methods=["GET"]),
@@ -127,6 +128,10 @@ class NsqdHTTP:
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
         path = scope.get("path") if scope["type"] == "http" else None
+        if self.tls_required_port and path is not None and scope.get("scheme") != "https":
+            body = f'{{"message": "TLS_REQUIRED", "https_port": {self.tls_required_port}}}'.encode()
+            await _send(send, 403, body, JSON_TYPE)
+            return
         if path == "/pub" or path == "/mpub":
             try:
                 if scope["method"] != "POST":

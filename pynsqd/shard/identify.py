@@ -6,8 +6,13 @@ payload (``b"OK"`` or the JSON nsqd sends when ``feature_negotiation`` is true),
 output buffer timeout, output buffer size, sample rate, msg timeout; then the compression
 choice. Values of the wrong JSON type fail as a JSON decode error, as Go's decoder does.
 
-TLS, snappy, deflate and AUTH are not offered by this build: the response says ``false``
-for each, so clients carry on uncompressed and in the clear.
+With ``feature_negotiation`` the response also settles the upgrades, as nsqd does: TLS
+when the server has a certificate and the client asks (``tls_v1``), snappy or deflate when
+enabled by ``--snappy``/``--deflate`` and asked for (both at once is
+``E_IDENTIFY_FAILED``), the deflate level (client's, else 6, capped by
+``--max-deflate-level``) and ``auth_required`` (``--auth-http-address`` given). The new
+``Settings`` say which upgrades to run (``upgrade_tls``, ``compression``); the connection
+runs them after writing the response (``pynsqd.shard.transport``).
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ class Settings:
     sample_rate: int = 0
     msg_timeout: int = 60_000 * MS
     identified: bool = False
+    upgrade_tls: bool = False  # negotiated by the last IDENTIFY, not yet run
+    compression: str = ""  # "snappy" or "deflate", negotiated by the last IDENTIFY
+    deflate_level: int = 0
 
     @classmethod
     def defaults(cls, opts: NsqdOptions, remote_host: str) -> Settings:
@@ -76,7 +84,7 @@ def _decode(body: bytes) -> dict[str, Any]:
 def negotiate(body: bytes, opts: NsqdOptions, current: Settings) -> tuple[Settings, bytes]:
     """Apply an IDENTIFY body to ``current``. Raises ``ProtocolError`` (fatal)."""
     data = _decode(body)
-    new = dataclasses.replace(current, identified=True)
+    new = dataclasses.replace(current, identified=True, upgrade_tls=False, compression="")
     new.client_id = data.get("client_id") or ""
     new.hostname = data.get("hostname") or ""
     new.user_agent = data.get("user_agent") or ""
@@ -118,22 +126,30 @@ def negotiate(body: bytes, opts: NsqdOptions, current: Settings) -> tuple[Settin
 
     if not data.get("feature_negotiation"):
         return new, b"OK"
-    deflate_level = data.get("deflate_level") or 0
-    if deflate_level <= 0:
-        deflate_level = 6
+    tls_v1 = bool(opts.tls_cert and opts.tls_key) and bool(data.get("tls_v1"))
+    deflate = opts.deflate and bool(data.get("deflate"))
+    deflate_level = 6
+    if deflate and (data.get("deflate_level") or 0) > 0:
+        deflate_level = data["deflate_level"]
     deflate_level = min(deflate_level, opts.max_deflate_level)
+    snappy = opts.snappy and bool(data.get("snappy"))
+    if deflate and snappy:
+        raise ProtocolError("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")
+    new.upgrade_tls = tls_v1
+    new.compression = "snappy" if snappy else "deflate" if deflate else ""
+    new.deflate_level = deflate_level if deflate else 0
     response = {
         "max_rdy_count": opts.max_rdy_count,
         "version": NSQ_VERSION,
         "max_msg_timeout": opts.max_msg_timeout // MS,
         "msg_timeout": new.msg_timeout // MS,
-        "tls_v1": False,
-        "deflate": False,
+        "tls_v1": tls_v1,
+        "deflate": deflate,
         "deflate_level": deflate_level,
         "max_deflate_level": opts.max_deflate_level,
-        "snappy": False,
+        "snappy": snappy,
         "sample_rate": new.sample_rate,
-        "auth_required": False,
+        "auth_required": bool(opts.auth_http_address),
         "output_buffer_size": new.output_buffer_size,
         "output_buffer_timeout": new.output_buffer_timeout // MS,
     }

@@ -63,18 +63,33 @@ class StatsCollector:
         producers = CounterMetricFamily("nsq_client_published_messages",
                                         "Messages published by each TCP producer connection",
                                         labels=["client", "topic"])
+        e2e_topic = GaugeMetricFamily("nsq_topic_e2e_processing_latency_seconds", "End-to-end processing "
+                                      "latency quantiles of the topic's channels (publish to FIN)",
+                                      labels=["topic", "quantile"])
+        e2e_channel = GaugeMetricFamily("nsq_channel_e2e_processing_latency_seconds", "End-to-end processing "
+                                        "latency quantiles (publish to FIN)", labels=["topic", "channel", "quantile"])
         for t in stats["topics"]:
             for key, family in topics.items():
                 family.add_metric([t["topic_name"]], float(t[key]))
+            _add_latency(e2e_topic, [t["topic_name"]], t["e2e_processing_latency"])
             for c in t["channels"]:
                 for key, family in channels.items():
                     family.add_metric([t["topic_name"], c["channel_name"]], float(c[key]))
+                _add_latency(e2e_channel, [t["topic_name"], c["channel_name"]], c["e2e_processing_latency"])
         for p in stats.get("producers") or []:
             for pc in p.get("pub_counts") or []:
                 producers.add_metric([p["remote_address"], pc["topic"]], float(pc["count"]))
         yield from topics.values()
         yield from channels.values()
         yield producers
+        if e2e_topic.samples:
+            yield e2e_topic
+            yield e2e_channel
+
+
+def _add_latency(family: GaugeMetricFamily, labels: list[str], e2e: dict[str, Any]) -> None:
+    for p in e2e.get("percentiles") or []:
+        family.add_metric([*labels, repr(float(p["quantile"]))], float(p["value"]) / 1e9)
 
 
 def exposition(get_stats: Callable[[], dict[str, Any]]) -> bytes:

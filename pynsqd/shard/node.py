@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 
 from pynsqd import NSQ_VERSION, __version__
@@ -27,6 +28,9 @@ from pynsqd.shard.broker import Broker
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.http import NsqdHTTP
 from pynsqd.shard.protocol import ClientV2
+from pynsqd.shard.stats import node_stats
+from pynsqd.shard.statsd import StatsdLines, StatsdPusher, statsd_prefix
+from pynsqd.shard.transport import build_server_context
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.supervisor.registration import Registration
 from pynsqd.wire.lookup import IdentifyInfo
@@ -53,9 +57,19 @@ class NsqdNode:
         self._save_pending = False
         self._background: set[asyncio.Task[None]] = set()
         self.registration = Registration(self.identity, self.broker.registrations, opts.max_body_size)
+        try:
+            self.tls_ctx = build_server_context(opts)
+        except (OSError, ssl.SSLError) as exc:
+            os.close(self._lock_fd)
+            raise UsageError(f"failed to load TLS certificate/key: {exc}") from None
         self.tcp_socket: socket.socket = bind(opts.tcp_address, "tcp-address")
         self.http_socket: socket.socket | None = (
             bind(opts.http_address, "http-address") if opts.http_address else None)
+        self.https_socket: socket.socket | None = (
+            bind(opts.https_address, "https-address") if opts.https_address and self.tls_ctx else None)
+        self._https_server: EmbeddedServer | None = None
+        self._https_task: asyncio.Task[None] | None = None
+        self._statsd_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._exited = False
         self._tcp_server: asyncio.AbstractServer | None = None
@@ -143,6 +157,13 @@ class NsqdNode:
             "max_deflate_level": self.opts.max_deflate_level,
         }
 
+    def _statsd(self) -> StatsdPusher:
+        opts = self.opts
+        prefix = statsd_prefix(opts.statsd_prefix, opts.broadcast_address, opts.broadcast_http_port or self.http_port)
+        lines = StatsdLines(prefix, opts.statsd_mem_stats, opts.statsd_exclude_ephemeral)
+        return StatsdPusher(opts.statsd_address, opts.statsd_interval, opts.statsd_udp_packet_size, lines,
+                            lambda: node_stats(self.broker, include_clients=False))
+
     def stop(self) -> None:
         """Ask ``main`` to exit (safe from a signal handler)."""
         self._stop.set()
@@ -158,14 +179,21 @@ class NsqdNode:
         self.broker.on_change = self._changed
         self.set_lookupd_addresses(self.opts.lookupd_tcp_address)
         self._tcp_server = await loop.create_server(
-            lambda: ClientV2(self.broker, self.opts), sock=self.tcp_socket, backlog=1024)
+            lambda: ClientV2(self.broker, self.opts, self.tls_ctx), sock=self.tcp_socket, backlog=1024)
         log.info("TCP: listening on %s", describe(self.tcp_socket))
+        app = NsqdHTTP(self.broker, self.opts, self.info(), self.save_metadata, self.set_lookupd_addresses)
+        if self.https_socket is not None and self.opts.tls_required == "true":
+            app.tls_required_port = bound_port(self.https_socket)
         if self.http_socket is not None:
-            app = NsqdHTTP(self.broker, self.opts, self.info(), self.save_metadata,
-                           self.set_lookupd_addresses)
             self._http_server = embedded_server(app)
             self._http_task = asyncio.create_task(self._http_server.serve(sockets=[self.http_socket]))
             log.info("HTTP: listening on %s", describe(self.http_socket))
+        if self.https_socket is not None:
+            self._https_server = embedded_server(app, self.tls_ctx)
+            self._https_task = asyncio.create_task(self._https_server.serve(sockets=[self.https_socket]))
+            log.info("HTTPS: listening on %s", describe(self.https_socket))
+        if self.opts.statsd_address:
+            self._statsd_task = asyncio.create_task(self._statsd().run())
         try:
             await self._stop.wait()
         finally:
@@ -187,9 +215,12 @@ class NsqdNode:
         self.save_metadata()
         self.broker.close()
         await self.registration.close()
-        if self._http_server is not None:
-            self._http_server.should_exit = True
-            if self._http_task is not None:
-                await self._http_task
+        if self._statsd_task is not None:
+            self._statsd_task.cancel()
+        for server, task in ((self._http_server, self._http_task), (self._https_server, self._https_task)):
+            if server is not None:
+                server.should_exit = True
+                if task is not None:
+                    await task
         os.close(self._lock_fd)
         log.info("exited cleanly in %.3fs", time.monotonic() - started)

@@ -21,6 +21,13 @@ Back-pressure: when the transport's buffer passes its high-water mark (``pause_w
 the connection stops taking messages and stops reading commands; if it stays stuck for a
 heartbeat interval (nsqd's write deadline) it is closed and its messages go back to the
 channel. A connection that sends nothing for two heartbeat intervals is closed too.
+
+Features (``transport.py``, ``auth.py``): an IDENTIFY that negotiates TLS or compression
+upgrades the connection before any further command is read; a connection that sent bytes
+beyond such an IDENTIFY is refused (the client must wait for the upgrade's ``OK``). With
+``--tls-required`` every command but IDENTIFY needs TLS. A command that must ask the auth
+server first (AUTH, or a check after the TTL expired) suspends the command stream: reading
+pauses, the query runs, and the same command runs again with the answer.
 """
 
 from __future__ import annotations
@@ -28,18 +35,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import struct
 import time
+from collections import deque
 from typing import Any, cast
 
 from pynsqd.options import MS
+from pynsqd.shard.auth import AuthSession, NeedQuery
 from pynsqd.shard.broker import Broker, BrokerError
 from pynsqd.shard.channel import Channel, ChannelError
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.identify import Settings, negotiate
 from pynsqd.shard.inflight import InFlightTable
+from pynsqd.shard.transport import NO_TLS, CompressedTransport, peer_common_name, start_tls, tls_info
 from pynsqd.wire import MAGIC_V2
-from pynsqd.wire.commands import CommandParser, ms_to_duration_ns, parse_base10
+from pynsqd.wire.commands import Command, CommandParser, ms_to_duration_ns, parse_base10
+from pynsqd.wire.compression import Codec, CompressionError, make_codec
 from pynsqd.wire.errors import ProtocolError, go_quote
 from pynsqd.wire.frames import (
     CLOSE_WAIT_FRAME,
@@ -69,9 +81,19 @@ class ClientV2(asyncio.Protocol):
 
     _next_id = 0
 
-    def __init__(self, broker: Broker, opts: NsqdOptions) -> None:
+    def __init__(self, broker: Broker, opts: NsqdOptions, tls_ctx: ssl.SSLContext | None = None) -> None:
         self.broker = broker
         self.opts = opts
+        self.tls_ctx = tls_ctx
+        self._tls_required = opts.tls_required != "false"
+        self.auth: AuthSession | None = None
+        self.tls = False
+        self.tls_info = NO_TLS
+        self.compression = ""
+        self._decoder: Codec | None = None
+        self._events: deque[Command | ProtocolError] = deque()
+        self._suspended = False  # an upgrade or auth query is running: hold commands and output
+        self._task: asyncio.Task[None] | None = None
         ClientV2._next_id += 1
         self.id = ClientV2._next_id
         self.transport: asyncio.Transport | None = None
@@ -114,6 +136,7 @@ class ClientV2(asyncio.Protocol):
         host = str(peer[0]) if isinstance(peer, tuple) else "unix"
         self.remote_address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "unix")
         self.settings = Settings.defaults(self.opts, host)
+        self.auth = AuthSession(self.opts, host)
         self.broker.clients.add(self)
         self._arm_heartbeat()
         log.debug("TCP: new client(%s)", self.remote_address)
@@ -134,27 +157,49 @@ class ClientV2(asyncio.Protocol):
                 return
             if not data:
                 return
-        for event in self._parser.feed(data):
+        if self._decoder is None:
+            self._events.extend(self._parser.feed(data))
+        else:
+            try:
+                for piece in self._decoder.decode(data):
+                    self._events.extend(self._parser.feed(piece))
+                    if self._parser.failed:
+                        break
+            except CompressionError as exc:
+                log.error("client(%s) failed to read command - %s", self.remote_address, exc)
+                self.close()
+                return
+        self._run_events()
+
+    def _run_events(self) -> None:
+        events = self._events
+        while events and not self._suspended and not self._closing:
+            event = events.popleft()
             if isinstance(event, ProtocolError):
                 self._fatal(event)
                 return
             name, params, body = event
             handler = self._handlers.get(name)
             try:
+                if self._tls_required and not self.tls and name != b"IDENTIFY":
+                    raise ProtocolError("E_INVALID", f"cannot {name.decode('utf-8', 'surrogateescape')} "
+                                        "in current state (TLS required)")
                 if handler is None:
                     raise ProtocolError("E_INVALID", f"invalid command {name.decode('utf-8', 'surrogateescape')}")
                 handler(params, body)
+            except NeedQuery:
+                events.appendleft(event)
+                self._suspend(self._query_auth())
             except ProtocolError as exc:
                 if exc.fatal:
                     self._fatal(exc)
                     return
                 log.debug("client(%s) %s", self.remote_address, exc.text)
                 self._send(encode_frame(FRAME_ERROR, exc.encode_text()))
-            if self._closing:
-                return
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        self._events.clear()
         for timer in (self._flush_timer, self._heartbeat_timer):
             if timer is not None:
                 timer.cancel()
@@ -172,7 +217,7 @@ class ClientV2(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused_at = 0
-        if self.transport is not None and not self._closing:
+        if self.transport is not None and not self._closing and not self._suspended:
             self.transport.resume_reading()
         if self.channel is not None:
             self.channel.notify_ready()
@@ -182,7 +227,7 @@ class ClientV2(asyncio.Protocol):
         """Write a response/error frame now, behind any buffered messages."""
         if self.transport is None or self._closing:
             return
-        if self._out:
+        if self._out or self._suspended:
             self._out += frame
             self._flush()
         else:
@@ -192,7 +237,7 @@ class ClientV2(asyncio.Protocol):
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
-        if self._out and self.transport is not None and not self._closing:
+        if self._out and self.transport is not None and not self._closing and not self._suspended:
             out = self._out
             self._out = bytearray()
             self.transport.write(out)
@@ -211,7 +256,7 @@ class ClientV2(asyncio.Protocol):
                 self.transport.close()
 
     def _flush_out_for_close(self) -> None:
-        if self._out and self.transport is not None:
+        if self._out and self.transport is not None and not self._suspended:
             self.transport.write(self._out)
             self._out = bytearray()
 
@@ -278,20 +323,88 @@ class ClientV2(asyncio.Protocol):
         self._send(HEARTBEAT_FRAME)
         self._arm_heartbeat()
 
+    # --- suspending the command stream: upgrades and auth queries --------------------------
+    def _suspend(self, work: Any) -> None:
+        """Hold commands and output until ``work`` (a coroutine) is done, then carry on."""
+        self._suspended = True
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self._task = asyncio.get_running_loop().create_task(self._run_suspended(work))
+
+    async def _run_suspended(self, work: Any) -> None:
+        try:
+            await work
+        finally:
+            self._suspended = False
+            self._task = None
+            self._last_read = time.monotonic_ns()  # a handshake or query is not client silence
+        if self._closing or self.transport is None:
+            return
+        self._flush()
+        if not self._write_paused_at:
+            self.transport.resume_reading()
+        self._run_events()
+
+    async def _query_auth(self) -> None:
+        assert self.auth is not None and self.transport is not None
+        await self.auth.query(self.tls, peer_common_name(self.transport) if self.tls else "")
+
+    async def _upgrade_tls(self, compression: str, level: int) -> None:
+        assert self.transport is not None and self.tls_ctx is not None
+        try:
+            self.transport = await start_tls(self.transport, self, self.tls_ctx)
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            log.error("client(%s) - E_IDENTIFY_FAILED IDENTIFY failed %s", self.remote_address, exc)
+            self._closing = True
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        self.tls = True
+        self.tls_info = tls_info(self.transport)
+        self._suspended = False
+        held, self._out = self._out, bytearray()  # a heartbeat due during the handshake
+        self._send(OK_FRAME)
+        if compression:
+            self._compress(compression, level)
+        self._out += held
+
+    def _compress(self, name: str, level: int) -> None:
+        assert self.transport is not None
+        log.info("PROTOCOL(V2): [%s] upgrading connection to %s", self.remote_address, name)
+        codec = make_codec(name, level)
+        self.transport = cast(asyncio.Transport, CompressedTransport(self.transport, codec))
+        self._decoder = codec
+        self.compression = name
+        self._send(OK_FRAME)
+
     # --- commands -------------------------------------------------------------------------
     def _identify(self, params: list[bytes], body: Any) -> None:
         if self.state != STATE_INIT:
             raise ProtocolError("E_INVALID", "cannot IDENTIFY in current state")
         old_hb = self.settings.heartbeat_interval
-        self.settings, response = negotiate(body, self.opts, self.settings)
+        settings, response = negotiate(body, self.opts, self.settings)
+        tls, compression = settings.upgrade_tls, settings.compression
+        if (tls and self.tls) or (compression and self.compression):
+            raise ProtocolError("E_IDENTIFY_FAILED", "IDENTIFY failed connection already upgraded")
+        if (tls or compression) and (self._events or self._parser.buffered):
+            raise ProtocolError("E_IDENTIFY_FAILED", "IDENTIFY failed data sent before the upgrade completed")
+        self.settings = settings
         self._send(encode_response(response))
         if self.settings.heartbeat_interval != old_hb:
             self._arm_heartbeat()
+        if tls:
+            log.info("PROTOCOL(V2): [%s] upgrading connection to TLS", self.remote_address)
+            self._suspend(self._upgrade_tls(compression, settings.deflate_level))
+        elif compression:
+            self._compress(compression, settings.deflate_level)
 
     def _auth(self, params: list[bytes], body: Any) -> None:
         if self.state != STATE_INIT:
             raise ProtocolError("E_INVALID", "cannot AUTH in current state")
-        raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+        if len(params) != 1:
+            raise ProtocolError("E_INVALID", "AUTH invalid number of parameters")
+        assert self.auth is not None
+        self._send(encode_response(self.auth.authenticate(body)))
 
     def _sub(self, params: list[bytes], body: Any) -> None:
         if self.state != STATE_INIT:
@@ -306,6 +419,8 @@ class ClientV2(asyncio.Protocol):
         channel_name = params[2].decode("utf-8", "surrogateescape")
         if not is_valid_name(channel_name):
             raise ProtocolError("E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid")
+        assert self.auth is not None
+        self.auth.check("SUB", topic_name, channel_name)
         if self.broker.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed exiting")
         topic = self.broker.get_topic(topic_name)
@@ -395,8 +510,14 @@ class ClientV2(asyncio.Protocol):
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
         self._send(OK_FRAME)
 
-    def _pub(self, params: list[bytes], body: Any) -> None:
+    def _check_pub(self, cmd: str, params: list[bytes]) -> str:
         topic = params[1].decode()
+        assert self.auth is not None
+        self.auth.check(cmd, topic, "")
+        return topic
+
+    def _pub(self, params: list[bytes], body: Any) -> None:
+        topic = self._check_pub("PUB", params)
         try:
             self.broker.publish(topic, [body])
         except BrokerError as exc:
@@ -404,7 +525,7 @@ class ClientV2(asyncio.Protocol):
         self._published(topic, 1)
 
     def _mpub(self, params: list[bytes], body: Any) -> None:
-        topic = params[1].decode()
+        topic = self._check_pub("MPUB", params)
         try:
             self.broker.publish(topic, body)
         except BrokerError as exc:
@@ -412,7 +533,7 @@ class ClientV2(asyncio.Protocol):
         self._published(topic, len(body))
 
     def _dpub(self, params: list[bytes], body: Any) -> None:
-        topic = params[1].decode()
+        topic = self._check_pub("DPUB", params)
         try:
             self.broker.publish_deferred(topic, body, int(params[2]))
         except BrokerError as exc:

@@ -17,14 +17,13 @@ from pynsqd import NSQ_VERSION, __version__
 from pynsqd.options import SECOND, format_duration
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.channel import Channel
+from pynsqd.shard.latency import NO_LATENCY, merged
 from pynsqd.shard.topic import Topic
-
-_NO_LATENCY: dict[str, Any] = {"count": 0, "percentiles": None}
 
 
 def client_stats(client: Any) -> dict[str, Any]:
     settings = client.settings
-    return {
+    out = {
         "client_id": settings.client_id,
         "hostname": settings.hostname,
         "version": "V2",
@@ -37,15 +36,19 @@ def client_stats(client: Any) -> dict[str, Any]:
         "requeue_count": client.requeue_count,
         "connect_ts": client.connect_ts,
         "sample_rate": settings.sample_rate,
-        "deflate": False,
-        "snappy": False,
+        "deflate": client.compression == "deflate",
+        "snappy": client.compression == "snappy",
         "user_agent": settings.user_agent,
-        "tls": False,
-        "tls_cipher_suite": "",
-        "tls_version": "",
-        "tls_negotiated_protocol": "",
-        "tls_negotiated_protocol_is_mutual": False,
     }
+    auth = client.auth
+    if auth is not None and auth.authed:  # omitempty, as nsqd's JSON tags say
+        out["authed"] = True
+        if auth.state.identity:
+            out["auth_identity"] = auth.state.identity
+        if auth.state.identity_url:
+            out["auth_identity_url"] = auth.state.identity_url
+    out.update(client.tls_info)
+    return out
 
 
 def producer_stats(client: Any) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def channel_stats(channel: Channel, include_clients: bool) -> dict[str, Any]:
         "client_count": len(channel.consumers),
         "clients": [client_stats(c) for c in channel.consumers] if include_clients else None,
         "paused": channel.paused,
-        "e2e_processing_latency": dict(_NO_LATENCY),
+        "e2e_processing_latency": channel.e2e.result() if channel.e2e is not None else dict(NO_LATENCY),
     }
 
 
@@ -88,7 +91,7 @@ def topic_stats(topic: Topic, channel_filter: str, include_clients: bool) -> dic
         "message_count": topic.message_count,
         "message_bytes": topic.message_bytes,
         "paused": topic.paused,
-        "e2e_processing_latency": dict(_NO_LATENCY),
+        "e2e_processing_latency": merged(c.e2e for c in topic.channels.values()),
     }
 
 

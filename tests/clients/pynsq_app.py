@@ -4,6 +4,7 @@
   sub  (--nsqd H:P | --lookupd http://H:P ...) --topic T --channel C [--max-in-flight K] [--req-first] [--touch]
        [--msg-timeout MS]   prints one JSON line per finished message; stops on SIGTERM
        or after --count finished messages.
+  both: [--tls --ca FILE [--cert PEM]] [--snappy | --deflate [--deflate-level N]] [--auth-secret S]
 """
 
 from __future__ import annotations
@@ -11,15 +12,35 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import ssl
 import sys
+from typing import Any
 
 import nsq
 import tornado.ioloop
 
 
+def features(args: argparse.Namespace) -> dict[str, Any]:
+    """Connection options for TLS, compression and AUTH (pynsq's Conn keyword arguments)."""
+    out: dict[str, Any] = {}
+    if args.tls:
+        tls_options: dict[str, Any] = {"ca_certs": args.ca, "cert_reqs": ssl.CERT_REQUIRED,
+                                       "ssl_version": ssl.PROTOCOL_TLS_CLIENT}
+        if args.cert:
+            tls_options["certfile"] = args.cert
+        out.update(tls_v1=True, tls_options=tls_options)
+    if args.snappy:
+        out["snappy"] = True
+    if args.deflate:
+        out.update(deflate=True, deflate_level=args.deflate_level)
+    if args.auth_secret:
+        out["auth_secret"] = args.auth_secret
+    return out
+
+
 def pub(args: argparse.Namespace) -> None:
     loop = tornado.ioloop.IOLoop.current()
-    writer = nsq.Writer([args.nsqd])
+    writer = nsq.Writer([args.nsqd], **features(args))
     bodies = [f"{args.prefix}{i}".encode() for i in range(args.count)]
     pending = {"n": 0}
 
@@ -87,7 +108,7 @@ def sub(args: argparse.Namespace) -> None:
         if args.count and finished["n"] >= args.count:
             loop.call_later(0.2, loop.stop)  # let the last FIN go out
 
-    kwargs = {}
+    kwargs = features(args)
     if args.msg_timeout:
         kwargs["msg_timeout"] = args.msg_timeout / 1000  # pynsq takes seconds
     if args.lookupd:
@@ -117,6 +138,13 @@ def main() -> None:
     parser.add_argument("--req-first", action="store_true")
     parser.add_argument("--touch", action="store_true")
     parser.add_argument("--msg-timeout", type=int, default=0)
+    parser.add_argument("--tls", action="store_true")
+    parser.add_argument("--ca", default="")
+    parser.add_argument("--cert", default="")
+    parser.add_argument("--snappy", action="store_true")
+    parser.add_argument("--deflate", action="store_true")
+    parser.add_argument("--deflate-level", type=int, default=6)
+    parser.add_argument("--auth-secret", default="")
     args = parser.parse_args()
     (pub if args.mode == "pub" else sub)(args)
 

@@ -2,15 +2,17 @@
 // Same arguments as tests/clients/pynsq_app.py:
 //   pub --nsqd H:P --topic T --count N [--mpub B] [--defer MS]
 //   sub --nsqd H:P --topic T --channel C [--max-in-flight K] [--req-first] [--touch] [--msg-timeout MS] [--count N]
+//   both: [--tls --ca FILE [--cert PEM]] [--snappy | --deflate [--deflate-level N]] [--auth-secret S]
 'use strict'
+const fs = require('fs')
 const nsq = require('nsqjs')
+const FLAGS = ['req-first', 'touch', 'tls', 'snappy', 'deflate']
 
 function parse (argv) {
   const args = { mode: argv[0], channel: 'ch', count: 0, prefix: 'msg-', mpub: 0, defer: 0, maxInFlight: 1, msgTimeout: 0 }
   for (let i = 1; i < argv.length; i++) {
     const key = argv[i].replace(/^--/, '')
-    if (key === 'req-first') args.reqFirst = true
-    else if (key === 'touch') args.touch = true
+    if (FLAGS.includes(key)) args[key.replace(/-([a-z])/g, (_, c) => c.toUpperCase())] = true
     else {
       const value = argv[++i]
       const camel = key.replace(/-([a-z])/g, (_, c) => c.toUpperCase())
@@ -20,9 +22,23 @@ function parse (argv) {
   return args
 }
 
+// Connection options for TLS, compression and AUTH (nsqjs's ConnectionConfig).
+function features (args) {
+  const out = {}
+  if (args.tls) {
+    out.tls = true
+    out.ca = fs.readFileSync(args.ca)
+    if (args.cert) { out.cert = fs.readFileSync(args.cert); out.key = fs.readFileSync(args.cert) }
+  }
+  if (args.snappy) out.snappy = true
+  if (args.deflate) { out.deflate = true; out.deflateLevel = args.deflateLevel || 6 }
+  if (args.authSecret) out.authSecret = String(args.authSecret)
+  return out
+}
+
 function pub (args) {
   const [host, port] = args.nsqd.split(':')
-  const writer = new nsq.Writer(host, Number(port))
+  const writer = new nsq.Writer(host, Number(port), features(args))
   const bodies = []
   for (let i = 0; i < args.count; i++) bodies.push(`${args.prefix}${i}`)
   writer.on('error', (err) => { console.error(`publish failed: ${err}`); process.exit(1) })
@@ -44,7 +60,7 @@ function pub (args) {
 }
 
 function sub (args) {
-  const options = { nsqdTCPAddresses: [args.nsqd], maxInFlight: args.maxInFlight, maxAttempts: 0 }
+  const options = { nsqdTCPAddresses: [args.nsqd], maxInFlight: args.maxInFlight, maxAttempts: 0, ...features(args) }
   if (args.msgTimeout) options.messageTimeout = args.msgTimeout
   const reader = new nsq.Reader(args.topic, args.channel, options)
   let finished = 0
