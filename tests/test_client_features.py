@@ -17,6 +17,7 @@ from pynsqd.client import (
     Message,
     Producer,
     ResponseError,
+    SyncProducer,
     TLSOptions,
     TransportError,
 )
@@ -127,6 +128,14 @@ def test_tls_asked_of_a_server_without_a_certificate_stays_plain(nsqd: Daemon) -
             await p.publish("t", b"x")
             assert (p.settings["tls_v1"], p.settings["snappy"]) == (False, True)
     run_async(main())
+    with SyncProducer(tcp(nsqd), deflate=True, deflate_level=1) as sp:  # the blocking facade too
+        sp.multi_publish("t", [b"y", b"z"])
+    assert channel_depth(nsqd, "t") == 3
+
+
+def channel_depth(nsqd: Daemon, topic: str) -> int:
+    data = httpx.get(f"{nsqd.http_url}/stats", params={"format": "json", "topic": topic}, timeout=5).json()
+    return int(data["topics"][0]["depth"])
 
 
 def test_client_certificate_required_and_verified(nsqd_factory: Callable[..., Daemon], certs: Certs,

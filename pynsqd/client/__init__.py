@@ -50,6 +50,7 @@ go-nsq's names; negotiated in IDENTIFY, in NSQ's order TLS → compression → A
         await p.publish("topic", b"body")
         p.auth       # nsqd's AUTH reply: {"identity", "identity_url", "permission_count"}
         p.settings   # nsqd's IDENTIFY reply: {"tls_v1": True, "deflate": True, ...}
+    # a Consumer's: consumer.conns[address].settings and consumer.conns[address].proto.auth
 
 Invalid combinations (snappy with deflate, a level outside 1..9, unreadable certificate files,
 a cert without its key) raise ``ValueError`` when the Producer/Consumer is made. A failed TLS
