@@ -145,7 +145,7 @@ async def _start_tls(proto: NSQProtocol, ctx: ssl.SSLContext, server_name: str, 
     loop = asyncio.get_running_loop()
     transport = proto.transport
     if transport is None:
-        raise proto_closed(proto)
+        raise _proto_closed(proto)
     proto.hold_output = True
     try:
         new = await loop.start_tls(transport, proto, ctx, server_hostname=server_name,
@@ -157,11 +157,11 @@ async def _start_tls(proto: NSQProtocol, ctx: ssl.SSLContext, server_name: str, 
     finally:
         proto.hold_output = False
     if new is None:
-        raise proto_closed(proto)
+        raise _proto_closed(proto)
     proto.use_transport(new)
 
 
-def proto_closed(proto: NSQProtocol) -> ConnectError:
+def _proto_closed(proto: NSQProtocol) -> ConnectError:
     return ConnectError(f"connection to {proto.address} closed during the TLS handshake")
 
 
