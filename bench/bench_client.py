@@ -6,6 +6,8 @@ contender as a separate process and measures from its start until the node's /st
 the channel drained (every message FINed). Contenders:
 
   client      pynsqd.client.Consumer, handler returns at once (auto FIN), max_in_flight 2500
+  client-snappy / client-deflate / client-tls / client-tls-snappy
+              the same over a negotiated feature (the node gets a trustme certificate)
   pynsq       nsq.Reader (tornado), handler returns True, max_in_flight 2500
   to_file     nsq_to_file --max-in-flight=2500 writing to a temp dir (fsync per batch)
 
@@ -40,8 +42,10 @@ BIN = Path(sys.executable).parent
 
 _CLIENT_WORKER = """
 import asyncio, sys, time, json, uvloop
-from pynsqd.client import Consumer
-addr, topic, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+from pynsqd.client import Consumer, TLSOptions
+addr, topic, n, features = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+if "tls_options" in features:
+    features["tls_options"] = TLSOptions(root_ca_file=features["tls_options"])
 async def main():
     seen = 0; first = 0.0; done = asyncio.Event()
     def handler(m):
@@ -49,7 +53,7 @@ async def main():
         if seen == 0: first = time.perf_counter()
         seen += 1
         if seen == n: done.set()
-    c = Consumer(topic, "bench", handler, nsqd_tcp_addresses=[addr], max_in_flight=2500)
+    c = Consumer(topic, "bench", handler, nsqd_tcp_addresses=[addr], max_in_flight=2500, **features)
     await c.start(); await done.wait(); last = time.perf_counter(); await c.stop()
     print(json.dumps({"inner": n / (last - first)}))
 uvloop.run(main())
@@ -94,10 +98,35 @@ def drained(http_port: int, topic: str, count: int) -> bool:
     return False
 
 
-def contender(name: str, tcp_port: int, http_port: int, topic: str, count: int, out_dir: str) -> Figures:
+CONTENDERS = ["client", "client-snappy", "client-deflate", "client-tls", "client-tls-snappy", "pynsq", "to_file"]
+
+
+def features(name: str, ca_file: str) -> dict[str, object]:
+    """The Consumer keyword options of a ``client-*`` contender."""
+    parts = name.split("-")[1:]
+    out: dict[str, object] = {part: True for part in parts if part in ("snappy", "deflate")}
+    if "tls" in parts:
+        out.update(tls_v1=True, tls_options=ca_file)
+    return out
+
+
+def make_certs(where: str) -> tuple[str, list[str]]:
+    """A CA file and the node's TLS flags (trustme, from the test extras)."""
+    import trustme
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    paths = {name: os.path.join(where, f"{name}.pem") for name in ("ca", "cert", "key")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    server.cert_chain_pems[0].write_to_path(paths["cert"])
+    server.private_key_pem.write_to_path(paths["key"])
+    return paths["ca"], [f"--tls-cert={paths['cert']}", f"--tls-key={paths['key']}", "--https-address=127.0.0.1:0"]
+
+
+def contender(name: str, tcp_port: int, http_port: int, topic: str, count: int, out_dir: str,
+              ca_file: str = "") -> Figures:
     addr = f"127.0.0.1:{tcp_port}"
-    if name == "client":
-        cmd = [sys.executable, "-c", _CLIENT_WORKER, addr, topic, str(count)]
+    if name.startswith("client"):
+        cmd = [sys.executable, "-c", _CLIENT_WORKER, addr, topic, str(count), json.dumps(features(name, ca_file))]
     elif name == "pynsq":
         cmd = [sys.executable, "-c", _PYNSQ_WORKER, addr, topic, str(count)]
     else:
@@ -122,13 +151,14 @@ def contender(name: str, tcp_port: int, http_port: int, topic: str, count: int, 
 
 def one_run(args: argparse.Namespace) -> Figures:
     with tempfile.TemporaryDirectory() as data, tempfile.TemporaryDirectory() as out:
-        proc, tcp_port, http_port = start_node(data, "--mem-queue-size=1000000")
+        ca_file, tls_flags = make_certs(data) if any("tls" in n for n in args.contenders) else ("", [])
+        proc, tcp_port, http_port = start_node(data, "--mem-queue-size=1000000", *tls_flags)
         try:
             figures: Figures = {}
             for i, name in enumerate(args.contenders):
-                topic = f"bench_{name}_{i}"
+                topic = f"bench_{name.replace('-', '_')}_{i}"
                 preload(tcp_port, topic, args.count, args.size)
-                figures.update(contender(name, tcp_port, http_port, topic, args.count, out))
+                figures.update(contender(name, tcp_port, http_port, topic, args.count, out, ca_file))
             return figures
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -141,7 +171,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=200, help="message size in bytes")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--contenders", nargs="+", default=["client", "pynsq", "to_file"],
-                        choices=["client", "pynsq", "to_file"])
+                        choices=CONTENDERS)
     args = parser.parse_args()
     report(one_run, args, f"{args.count} x {args.size} B messages, one nsqd, 2-core shared machine")
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 
+from tests.authserver import AuthServer
 from tests.certs import Certs
 from tests.harness import Daemon, remove_segments
 from tests.test_clients import clients  # noqa: F401  (the fixture, shared with test_http)
@@ -67,3 +68,11 @@ def nsqd(nsqd_factory: Callable[..., Daemon]) -> Daemon:
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     """A CA, server and client certificates made for this run (never committed)."""
     return Certs.make(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture
+def auth() -> Iterator[AuthServer]:
+    """A small real auth server (``tests.authserver``); set ``auth.replies[secret]``."""
+    server = AuthServer().start()
+    yield server
+    server.stop()

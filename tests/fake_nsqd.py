@@ -9,6 +9,10 @@ real ``CommandParser`` and answers according to ``mode``:
 - ``"silent"``: reads and never answers;
 - ``"close"``: closes the connection as soon as IDENTIFY arrives;
 - ``"pub-error"``: answers PUB with ``E_PUB_FAILED`` and closes, as nsqd does.
+
+When ``settings`` say ``snappy`` or ``deflate``, the IDENTIFY reply, the compressed ``OK`` and
+a compressed heartbeat leave in one ``write`` (the hardest case for a client: it must switch
+codecs in the middle of a segment); from then on both directions use the codec.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import orjson
 
 from pynsqd.wire.commands import Command, CommandParser
+from pynsqd.wire.compression import Codec, make_codec
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.frames import CLOSE_WAIT_FRAME, HEARTBEAT_FRAME, OK_FRAME, encode_error, encode_frame, encode_response
 from pynsqd.wire.message import encode_message
@@ -64,10 +69,13 @@ class FakeNsqd:
         try:
             await reader.readexactly(4)
             parser = CommandParser()
+            codec: Codec | None = None
             while True:
                 data = await reader.read(65536)
                 if not data:
                     return
+                if codec is not None:
+                    data = b"".join(codec.decode(data))
                 for item in parser.feed(data):
                     if isinstance(item, ProtocolError):
                         writer.write(encode_error(item))
@@ -75,6 +83,13 @@ class FakeNsqd:
                         return
                     self.commands.append(item)
                     self.changed.set()
+                    name = next((n for n in ("snappy", "deflate") if self.settings.get(n)), "")
+                    if item[0] == b"IDENTIFY" and name and self.mode == "ok":
+                        codec = make_codec(name)
+                        writer.write(encode_response(orjson.dumps(self.settings))
+                                     + codec.encode(OK_FRAME + HEARTBEAT_FRAME))
+                        writer = _Compressing(writer, codec)  # type: ignore[assignment]
+                        continue
                     if not self._answer(item, writer):
                         writer.close()
                         return
@@ -103,3 +118,20 @@ class FakeNsqd:
         elif name == b"CLS":
             writer.write(CLOSE_WAIT_FRAME)
         return True
+
+
+class _Compressing:
+    """A ``StreamWriter`` stand-in that compresses every write."""
+
+    def __init__(self, writer: asyncio.StreamWriter, codec: Codec) -> None:
+        self._writer = writer
+        self._codec = codec
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(self._codec.encode(data))
+
+    def close(self) -> None:
+        self._writer.close()
+
+    async def drain(self) -> None:
+        await self._writer.drain()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -22,13 +22,6 @@ from tests.test_clients import ClientProc, consume, publish
 
 PUB_T = ("^t$", [".*"], ["publish"])
 SUB_T = ("^t$", ["^ch$"], ["subscribe"])
-
-
-@pytest.fixture
-def auth() -> Iterator[AuthServer]:
-    server = AuthServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

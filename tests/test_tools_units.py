@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+import trustme
 
+from pynsqd.client import TLSOptions
 from pynsqd.options import UsageError
-from pynsqd.tools.common import consumer_options
+from pynsqd.tools.common import consumer_options, producer_options
 from pynsqd.tools.filelog import FileLog, FileLogConfig
 from pynsqd.tools.nsq_stat import channel_totals, format_row
 from pynsqd.tools.nsq_to_nsq import Options as NsqToNsqOptions
@@ -93,12 +95,31 @@ def test_consumer_opt_mapping() -> None:
                            "backoff_multiplier,250ms", "tls_v1,false", "read_timeout,60s"])
     assert kw["max_attempts"] == 10 and kw["lookupd_poll_interval"] == 15.0 and kw["backoff_multiplier"] == 0.25
     assert kw["identity"].heartbeat_interval == 5000
-    with pytest.raises(UsageError, match="not supported"):
-        consumer_options(["snappy,true"])
+    assert kw["tls_v1"] is False and "tls_options" not in kw
     with pytest.raises(UsageError, match="unknown option"):
         consumer_options(["nope,1"])
     with pytest.raises(UsageError, match="invalid value"):
         consumer_options(["max_attempts,many"])
+
+
+def test_consumer_opt_tls_compression_and_auth(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(ca))
+    kw = consumer_options(["tls_v1", f"tls_root_ca_file,{ca}", "tls_insecure_skip_verify,true",
+                           "tls_min_version,tls1.2", "deflate,true", "deflate_level,3", "auth_secret,s3cr,et"])
+    assert kw["tls_v1"] is True and kw["deflate"] is True and kw["deflate_level"] == 3
+    assert kw["tls_options"] == TLSOptions(root_ca_file=str(ca), insecure_skip_verify=True, min_version="tls1.2")
+    assert kw["auth_secret"] == "s3cr,et"  # the value is everything after the first comma
+    assert consumer_options(["snappy,false", "deflate,true"])["snappy"] is False
+    for pairs, match in [(["snappy", "deflate"], "snappy and deflate"), (["deflate_level,10"], r"\[1,9\]"),
+                         (["tls_v1", "tls_root_ca_file,/nonexistent"], "tls_root_ca_file"),
+                         (["tls_v1", f"tls_cert,{ca}"], "tls_cert and tls_key"),
+                         (["tls_v1", "tls_min_version,ssl3.0"], "tls_min_version"),
+                         (["snappy,maybe"], "invalid value")]:
+        with pytest.raises(UsageError, match=match):
+            consumer_options(pairs)
+    pkw = producer_options(["max_attempts,3", "snappy", "dial_timeout,2s", "client_id,me"])
+    assert set(pkw) == {"snappy", "connect_timeout", "identity"} and pkw["identity"].client_id == "me"
 
 
 def test_json_filters() -> None:

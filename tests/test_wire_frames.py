@@ -98,6 +98,15 @@ def test_parser_holds_partial_frames() -> None:
     assert parser.buffered == 0
 
 
+def test_parser_limit_keeps_the_rest_for_a_change_of_encoding() -> None:
+    parser = FrameParser()
+    rest = b"\xff\x06\x00\x00sNaPpY"  # e.g. the start of a snappy stream after IDENTIFY's reply
+    assert parser.feed(HEARTBEAT_FRAME + OK_FRAME + rest, limit=1) == [(0, b"_heartbeat_")]
+    assert parser.feed(b"", limit=1) == [(0, b"OK")]
+    assert parser.take_buffered() == rest
+    assert parser.buffered == 0 and parser.feed(OK_FRAME) == [(0, b"OK")]
+
+
 @pytest.mark.parametrize("bad", [-1, 0, 3, 101, -(2**31)])
 def test_bad_frame_sizes(bad: int) -> None:
     data = struct.pack(">i", bad)  # the 4 size bytes are enough to know

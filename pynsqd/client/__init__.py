@@ -3,7 +3,7 @@ sans-IO codec in ``pynsqd.wire``, following NSQ's client-library guide.
 
 Public API (stable)::
 
-    from pynsqd.client import Producer, SyncProducer, Consumer, Message, Identity
+    from pynsqd.client import Producer, SyncProducer, Consumer, Message, Identity, TLSOptions
 
     async with Producer("127.0.0.1:4150", http_address="127.0.0.1:4151") as p:
         await p.publish("topic", b"body")                # PUB, returns on OK
@@ -27,10 +27,36 @@ Public API (stable)::
                         lookupd_poll_interval=60.0, lookupd_poll_jitter=0.3,
                         low_rdy_idle_timeout=10.0, rdy_redistribute_interval=5.0,
                         reconnect_interval=1.0, max_reconnect_interval=60.0,
-                        connect_timeout=5.0, identity=Identity(...))
+                        connect_timeout=5.0, identity=Identity(...),
+                        **features)                 # TLS / compression / AUTH, below
     await consumer.start()
     consumer.is_starved(); consumer.stats; consumer.in_flight; consumer.conns
     await consumer.stop(grace=30.0)                      # graceful: CLS, wait, close
+
+TLS, compression and AUTH (keyword options of ``Producer``, ``SyncProducer`` and ``Consumer``,
+go-nsq's names; negotiated in IDENTIFY, in NSQ's order TLS → compression → AUTH)::
+
+    features = dict(
+        tls_v1=True,                                      # ask for TLS (nsqd without a cert: stays plain)
+        tls_options=TLSOptions(root_ca_file="ca.pem",     # default: the system's CAs
+                               cert="client.pem", key="client.key",   # client certificate
+                               insecure_skip_verify=False, min_version="tls1.2",
+                               server_name=""),           # default: the host of the address
+        # or tls_options=ssl.SSLContext(...) of your own
+        snappy=False, deflate=True, deflate_level=6,      # at most one compression
+        auth_secret="s3cret",                             # sent as AUTH when nsqd requires it
+    )
+    async with Producer("127.0.0.1:4150", **features) as p:
+        await p.publish("topic", b"body")
+        p.auth       # nsqd's AUTH reply: {"identity", "identity_url", "permission_count"}
+        p.settings   # nsqd's IDENTIFY reply: {"tls_v1": True, "deflate": True, ...}
+    # a Consumer's: consumer.conns[address].settings and consumer.conns[address].proto.auth
+
+Invalid combinations (snappy with deflate, a level outside 1..9, unreadable certificate files,
+a cert without its key) raise ``ValueError`` when the Producer/Consumer is made. A failed TLS
+handshake (untrusted server, refused client certificate) is ``ConnectError``; a refused AUTH
+is ``ResponseError`` with nsqd's code (``E_AUTH_FAILED``, ``E_UNAUTHORIZED``), and a server
+that requires AUTH of a client without ``auth_secret`` gives ``E_AUTH_FIRST``.
 
 ``Message``: ``id``, ``body``, ``attempts``, ``timestamp``, ``nsqd_address``, ``finish()``,
 ``requeue(delay=None, backoff=True)`` (delay in seconds), ``touch()``,
@@ -49,16 +75,15 @@ Exceptions (every one the library raises derives from ``NSQError``)::
      ├── ProtocolViolationError    the peer did not speak NSQ (bad frame, bad IDENTIFY reply)
      └── ClientClosedError         the producer/consumer was closed
 
-Not supported yet: TLS, snappy/deflate and AUTH negotiation (IDENTIFY asks for none of them).
-
-Modules: ``connection`` (the asyncio.Protocol adapter, the TCP error boundary), ``producer``,
+Modules: ``connection`` (the asyncio.Protocol adapter), ``handshake`` (connect, IDENTIFY, TLS,
+compression, AUTH: the TCP error boundary), ``producer``,
 ``consumer``, ``message``, ``discovery`` (lookupd polling), ``rdy`` and ``backoff`` (pure
-state), ``http`` (the HTTP error boundary), ``config`` (IDENTIFY), ``errors``.
+state), ``http`` (the HTTP error boundary), ``config`` (IDENTIFY, ``TLSOptions``), ``errors``.
 """
 
 from __future__ import annotations
 
-from pynsqd.client.config import Identity
+from pynsqd.client.config import Identity, TLSOptions
 from pynsqd.client.consumer import Consumer
 from pynsqd.client.errors import (
     ClientClosedError,
@@ -77,5 +102,5 @@ from pynsqd.client.producer import Producer, SyncProducer
 __all__ = [
     "ClientClosedError", "ConnectError", "ConnectionClosedError", "Consumer", "HTTPError", "Identity",
     "Message", "NSQError", "NSQTimeoutError", "Producer", "ProtocolViolationError", "ResponseError",
-    "SyncProducer", "TransportError",
+    "SyncProducer", "TLSOptions", "TransportError",
 ]

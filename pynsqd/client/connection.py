@@ -16,8 +16,15 @@ Writes are gathered: ``send`` appends to a buffer that is flushed once per loop 
 the FINs a handler issues for a whole batch of messages leave in one ``write``. A connection
 lost wakes every waiting future with ``ConnectionClosedError`` and calls ``on_close``.
 
-``open_connection`` is the one place where socket errors become ``ConnectError`` /
-``NSQTimeoutError`` (``raise … from exc``); it also does the magic and the IDENTIFY exchange.
+Upgrades (``pynsqd.client.handshake`` drives them). The stream may change encoding right after
+a response: the IDENTIFY reply is followed by a TLS handshake or by compressed bytes (nsqd
+sends the compressed ``OK`` at once, often in the same segment), and the ``OK`` after TLS by
+compressed bytes. ``command(..., hold=True)`` makes the protocol stop parsing after that
+command's response and keep whatever follows, undecoded, until ``resume(codec)``: from then
+on received bytes go through ``codec.decode`` before the frame parser and every flush
+through ``codec.encode`` (the codecs of ``pynsqd.wire.compression``, shared with the server).
+During a TLS handshake ``hold_output`` keeps queued commands (a heartbeat's ``NOP``) until
+``use_transport`` installs the TLS transport.
 """
 
 from __future__ import annotations
@@ -25,22 +32,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import socket
 from collections.abc import Callable
 from typing import Any, cast
 
-import orjson
-
-from pynsqd.client.errors import (
-    ConnectError,
-    ConnectionClosedError,
-    NSQError,
-    NSQTimeoutError,
-    ProtocolViolationError,
-    ResponseError,
-)
-from pynsqd.wire import MAGIC_V2
-from pynsqd.wire.commands import NOP, encode_identify
+from pynsqd.client.errors import ConnectionClosedError, NSQError, NSQTimeoutError, ProtocolViolationError, ResponseError
+from pynsqd.wire.commands import NOP
+from pynsqd.wire.compression import Codec, CompressionError
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, FrameParser
 from pynsqd.wire.message import decode_message
@@ -53,7 +50,8 @@ RawMessage = tuple[int, int, bytes, bytes]  # timestamp_ns, attempts, id, body
 
 
 class NSQProtocol(asyncio.Protocol):
-    """The frame-level adapter; see the module docstring. Create it via ``open_connection``."""
+    """The frame-level adapter; see the module docstring. Create it via
+    ``pynsqd.client.handshake.open_connection``."""
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -70,49 +68,82 @@ class NSQProtocol(asyncio.Protocol):
         self.on_message: Callable[[RawMessage], None] = _drop_message
         self.on_error: Callable[[ResponseError], None] = _log_error
         self.on_close: Callable[[NSQProtocol], None] = _ignore_close
+        self.codec: Codec | None = None  # snappy/deflate once negotiated
+        self.auth: dict[str, Any] | None = None  # nsqd's AUTH reply (identity, …)
+        self.hold_output = False  # a TLS handshake is running: keep queued output
+        self._hold = False  # stop parsing after the next response to a command
+        self._held: bytearray | None = None  # bytes received since then, still encoded
 
     # --- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
-        for item in self._parser.feed(data):
-            if isinstance(item, ProtocolError):
-                self._fail(ProtocolViolationError(f"bad frame from {self.address}: {item}"))
-                return
-            frame_type, payload = item
-            if frame_type == FRAME_MESSAGE:
-                try:
-                    raw = decode_message(payload)
-                except ValueError as exc:
-                    self._fail(ProtocolViolationError(f"bad message from {self.address}: {exc}"))
-                    return
-                self.on_message(raw)
-            elif frame_type == FRAME_RESPONSE:
-                if payload == HEARTBEAT:
-                    self.send(NOP)
-                elif self._waiters:
-                    fut = self._waiters.popleft()
-                    if not fut.done():
-                        fut.set_result(payload)
-                else:
-                    log.warning("%s: unexpected response %r", self.address, payload[:80])
-            elif frame_type == FRAME_ERROR:
-                error = ResponseError.from_frame(payload)
-                if not error.fatal or not self._waiters:
-                    self.on_error(error)
-                else:
-                    fut = self._waiters.popleft()
-                    if not fut.done():
-                        fut.set_exception(error)
-                if error.fatal:  # nsqd closes after a fatal error: stop using the connection now
-                    self.abort(ConnectionClosedError(f"nsqd closed the connection after {error}"))
-                    return
+        if self._held is not None:
+            self._held += data
+        elif self.codec is None:
+            self._frames(data)
+        else:
+            try:
+                for piece in self.codec.decode(data):
+                    if not self._frames(piece):
+                        return
+            except CompressionError as exc:
+                self._fail(ProtocolViolationError(f"bad {self.codec.name} stream from {self.address}: {exc}"))
+
+    def _frames(self, data: bytes) -> bool:
+        """Dispatch the frames ``data`` completes; False once the connection was failed."""
+        while True:
+            items = self._parser.feed(data, 1 if self._hold else 0)
+            data = b""
+            for item in items:
+                if isinstance(item, ProtocolError):
+                    self._fail(ProtocolViolationError(f"bad frame from {self.address}: {item}"))
+                    return False
+                if not self._frame(*item):
+                    return False
+            if not self._hold or not items:
+                return True
+
+    def _frame(self, frame_type: int, payload: bytes) -> bool:
+        if frame_type == FRAME_MESSAGE:
+            try:
+                raw = decode_message(payload)
+            except ValueError as exc:
+                self._fail(ProtocolViolationError(f"bad message from {self.address}: {exc}"))
+                return False
+            self.on_message(raw)
+        elif frame_type == FRAME_RESPONSE:
+            if payload == HEARTBEAT:
+                self.send(NOP)
+            elif self._waiters:
+                fut = self._waiters.popleft()
+                if not fut.done():
+                    fut.set_result(payload)
+                if self._hold:  # what follows may be encoded differently: keep it for resume()
+                    self._hold = False
+                    self._held = bytearray(self._parser.take_buffered())
             else:
-                self._fail(ProtocolViolationError(f"unknown frame type {frame_type} from {self.address}"))
-                return
+                log.warning("%s: unexpected response %r", self.address, payload[:80])
+        elif frame_type == FRAME_ERROR:
+            error = ResponseError.from_frame(payload)
+            if not error.fatal or not self._waiters:
+                self.on_error(error)
+            else:
+                fut = self._waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(error)
+            if error.fatal:  # nsqd closes after a fatal error: stop using the connection now
+                self.abort(ConnectionClosedError(f"nsqd closed the connection after {error}"))
+                return False
+        else:
+            self._fail(ProtocolViolationError(f"unknown frame type {frame_type} from {self.address}"))
+            return False
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.closed.is_set():  # a failed TLS handshake may report it twice
+            return
         if self.close_reason is None:
             self.close_reason = ConnectionClosedError(f"connection to {self.address} closed")
             if exc is not None:
@@ -148,15 +179,18 @@ class NSQProtocol(asyncio.Protocol):
 
     def flush(self) -> None:
         self._flush_scheduled = False
+        if self.hold_output:
+            return
         if self._out and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
             self._out.clear()
-            self.transport.write(data)
+            self.transport.write(data if self.codec is None else self.codec.encode(data))
         else:
             self._out.clear()
 
-    async def command(self, data: bytes, wait: float | None = None) -> bytes:
-        """Send a command that nsqd answers; return the response payload.
+    async def command(self, data: bytes, wait: float | None = None, hold: bool = False) -> bytes:
+        """Send a command that nsqd answers; return the response payload. ``hold``: stop
+        reading after it (see the module docstring) until ``resume``.
 
         Raises ``ResponseError`` (error frame), ``ConnectionClosedError``, ``NSQTimeoutError``.
         """
@@ -166,9 +200,25 @@ class NSQProtocol(asyncio.Protocol):
             await self._can_write.wait()
             if not self.is_open:
                 raise self._closed_error()
-        fut: asyncio.Future[bytes] = self._loop.create_future()
-        self._waiters.append(fut)
+        fut = self.expect(hold)
         self.send(data)
+        return await self.response(fut, wait)
+
+    def expect(self, hold: bool = False) -> asyncio.Future[bytes]:
+        """Register for the next response without sending anything (the ``OK`` nsqd sends
+        after an upgrade). Await it with ``response``."""
+        if hold and self.codec is not None:
+            raise ValueError("cannot hold a compressed stream: nothing is negotiated after compression")
+        fut: asyncio.Future[bytes] = self._loop.create_future()
+        if not self.is_open:
+            fut.set_exception(self._closed_error())
+            return fut
+        self._waiters.append(fut)
+        self._hold = hold
+        return fut
+
+    async def response(self, fut: asyncio.Future[bytes], wait: float | None) -> bytes:
+        """Await ``fut`` (from ``expect``) for at most ``wait`` seconds."""
         if wait is None:
             return await fut
         try:
@@ -176,6 +226,26 @@ class NSQProtocol(asyncio.Protocol):
         except TimeoutError as exc:
             self.abort(NSQTimeoutError(f"no response from {self.address} in {wait}s"))
             raise NSQTimeoutError(f"no response from {self.address} in {wait}s") from exc
+
+    def resume(self, codec: Codec | None = None) -> None:
+        """End a hold: from now on decode with ``codec`` (if given), starting with the bytes
+        kept since the held response."""
+        held, self._held = bytes(self._held or b""), None
+        if codec is not None:
+            self.codec = codec
+        if held:
+            self.data_received(held)
+
+    @property
+    def held_bytes(self) -> int:
+        return len(self._held or b"")
+
+    def use_transport(self, transport: asyncio.BaseTransport) -> None:
+        """Carry on over ``transport`` (the TLS one) and send what was held meanwhile."""
+        self.transport = cast(asyncio.Transport, transport)
+        self.hold_output = False
+        if self._out:
+            self.flush()
 
     def _closed_error(self) -> NSQError:
         reason = self.close_reason
@@ -216,55 +286,3 @@ def _log_error(error: ResponseError) -> None:
 
 def _ignore_close(proto: NSQProtocol) -> None:
     return None
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port``) → ``(host, port)``; raises ``ValueError``."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"invalid nsqd address {address!r}: expected host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
-async def open_connection(address: str, identify: dict[str, Any], connect_timeout: float = 5.0
-                          ) -> tuple[NSQProtocol, dict[str, Any]]:
-    """Connect to nsqd at ``address``, send the magic and IDENTIFY; return the protocol and
-    the negotiated settings (the IDENTIFY JSON, or ``{}`` when nsqd answered ``OK``).
-
-    Raises ``ConnectError``, ``NSQTimeoutError``, ``ResponseError`` (IDENTIFY refused) or
-    ``ProtocolViolationError`` (an answer that is neither ``OK`` nor JSON).
-    """
-    host, port = split_address(address)
-    loop = asyncio.get_running_loop()
-    try:
-        _, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: NSQProtocol(address), host, port), connect_timeout)
-    except TimeoutError as exc:
-        raise NSQTimeoutError(f"connect to {address} timed out after {connect_timeout}s") from exc
-    except OSError as exc:
-        raise ConnectError(f"connect to {address} failed: {exc.strerror or exc}") from exc
-    sock = proto.transport.get_extra_info("socket") if proto.transport else None
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-    proto.send(MAGIC_V2)
-    try:
-        reply = await proto.command(encode_identify(orjson.dumps(identify)), connect_timeout)
-    except BaseException:
-        proto.abort()
-        raise
-    if reply == b"OK":
-        return proto, {}
-    try:
-        settings = orjson.loads(reply)
-    except orjson.JSONDecodeError as exc:
-        proto.abort()
-        raise ProtocolViolationError(f"IDENTIFY reply from {address} is not JSON: {reply[:80]!r}") from exc
-    if not isinstance(settings, dict):
-        proto.abort()
-        raise ProtocolViolationError(f"IDENTIFY reply from {address} is not a JSON object")
-    return proto, settings

@@ -32,15 +32,17 @@ import contextlib
 import inspect
 import logging
 import random
+import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from pynsqd.client import http as nsq_http
 from pynsqd.client.backoff import Action, Backoff, State
-from pynsqd.client.config import Identity
-from pynsqd.client.connection import DEFAULT_MAX_RDY_COUNT, NSQProtocol, RawMessage, open_connection
+from pynsqd.client.config import Features, Identity, TLSOptions
+from pynsqd.client.connection import DEFAULT_MAX_RDY_COUNT, NSQProtocol, RawMessage
 from pynsqd.client.discovery import lookup, poll_delay
 from pynsqd.client.errors import ClientClosedError, NSQError, ResponseError
+from pynsqd.client.handshake import open_connection
 from pynsqd.client.message import Message
 from pynsqd.client.rdy import RdyBook
 from pynsqd.wire.commands import CLS, encode_fin, encode_rdy, encode_req, encode_sub, encode_touch
@@ -80,7 +82,10 @@ class Consumer:
                  low_rdy_idle_timeout: float = 10.0, rdy_redistribute_interval: float = 5.0,
                  reconnect_interval: float = 1.0, max_reconnect_interval: float = 60.0,
                  connect_timeout: float = 5.0, identity: Identity | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 tls_v1: bool = False, tls_options: TLSOptions | ssl.SSLContext | None = None,
+                 snappy: bool = False, deflate: bool = False, deflate_level: int = 6,
+                 auth_secret: str | bytes = "") -> None:
         if not is_valid_topic_name(topic):
             raise ValueError(f"invalid topic name {topic!r}")
         if not is_valid_channel_name(channel):
@@ -91,6 +96,7 @@ class Consumer:
             raise ValueError("give nsqd_tcp_addresses or lookupd_http_addresses")
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
+        self.features = Features.make(tls_v1, tls_options, snappy, deflate, deflate_level, auth_secret)
         self.topic, self.channel, self.handler = topic, channel, handler
         self.max_attempts = max_attempts
         self.on_discard = on_discard
@@ -188,7 +194,8 @@ class Consumer:
         return task
 
     async def _connect(self, address: str, discovered: bool) -> _Conn:
-        proto, settings = await open_connection(address, self.identity.to_json(), self.connect_timeout)
+        proto, settings = await open_connection(address, self.identity.to_json(), self.connect_timeout,
+                                                self.features)
         try:
             await proto.command(encode_sub(self.topic, self.channel), self.connect_timeout)
         except BaseException:

@@ -1,7 +1,7 @@
 """The client's exceptions (the tree is drawn in ``pynsqd.client``'s docstring).
 
 Transport failures (``OSError``, ``ssl.SSLError``, ``httpx.TransportError``) are turned into
-these at one place each — ``connection.open_connection`` for TCP and ``http.request`` for
+these at one place each — ``handshake.open_connection`` for TCP and ``http.request`` for
 HTTP — with ``raise ... from exc`` so the original cause stays on ``__cause__``.
 """
 

@@ -16,6 +16,7 @@ answered while the script is busy elsewhere) and blocks on each call.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
 import threading
 from collections.abc import Coroutine, Sequence
@@ -23,9 +24,10 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from pynsqd.client import http as nsq_http
-from pynsqd.client.config import Identity
-from pynsqd.client.connection import NSQProtocol, open_connection
+from pynsqd.client.config import Features, Identity, TLSOptions
+from pynsqd.client.connection import NSQProtocol
 from pynsqd.client.errors import ClientClosedError
+from pynsqd.client.handshake import open_connection
 from pynsqd.wire.commands import encode_dpub, encode_mpub, encode_pub
 from pynsqd.wire.names import is_valid_topic_name
 
@@ -42,12 +44,19 @@ class Producer:
     """Publishes to one nsqd. ``await connect()`` (optional: the first publish connects), then
     ``publish`` / ``multi_publish`` / ``deferred_publish``; ``await close()`` at the end (or use
     ``async with``). ``http_address`` enables ``publish_http`` / ``multi_publish_http``.
+    ``tls_v1``, ``tls_options``, ``snappy``, ``deflate``, ``deflate_level`` and ``auth_secret``
+    are negotiated on the TCP connection (see the package docstring); ``auth`` then holds
+    nsqd's AUTH reply.
 
     Every method raises a subclass of ``NSQError``; see the package docstring.
     """
 
     def __init__(self, address: str = "", *, http_address: str = "", identity: Identity | None = None,
-                 connect_timeout: float = 5.0, response_timeout: float | None = 60.0) -> None:
+                 connect_timeout: float = 5.0, response_timeout: float | None = 60.0,
+                 tls_v1: bool = False, tls_options: TLSOptions | ssl.SSLContext | None = None,
+                 snappy: bool = False, deflate: bool = False, deflate_level: int = 6,
+                 auth_secret: str | bytes = "") -> None:
+        self.features = Features.make(tls_v1, tls_options, snappy, deflate, deflate_level, auth_secret)
         self.address = address
         self.http_address = http_address
         self.identity = identity or Identity()
@@ -67,6 +76,11 @@ class Producer:
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.close()
+
+    @property
+    def auth(self) -> dict[str, Any] | None:
+        """nsqd's AUTH reply (``identity``, ``identity_url``, ``permission_count``), if any."""
+        return self._proto.auth if self._proto is not None else None
 
     @property
     def connected(self) -> bool:
@@ -91,7 +105,7 @@ class Producer:
             if self._proto is not None and self._proto.is_open:
                 return self._proto
             proto, self.settings = await open_connection(self.address, self.identity.to_json(),
-                                                         self.connect_timeout)
+                                                         self.connect_timeout, self.features)
             self._proto = proto
             return proto
 

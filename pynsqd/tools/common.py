@@ -1,8 +1,11 @@
 """What the utilities share: consumer flags, ``--consumer-opt``, the signal-aware run loop.
 
-``--consumer-opt name,value`` takes go-nsq ``Config`` option names (NSQ-FACTS §8) and maps
-them onto ``pynsqd.client.Consumer`` arguments; names the client cannot honour (TLS,
-compression, AUTH) are refused with a one-line error rather than ignored.
+``--consumer-opt name,value`` (and ``--producer-opt``) takes go-nsq ``Config`` option names
+(NSQ-FACTS §8) and maps them onto ``pynsqd.client.Consumer``/``Producer`` arguments, including
+TLS (``tls_v1``, ``tls_root_ca_file``, ``tls_insecure_skip_verify``, ``tls_cert``, ``tls_key``,
+``tls_min_version``), compression (``snappy``, ``deflate``, ``deflate_level``) and
+``auth_secret``. A value that cannot be honoured (a CA file that cannot be read, snappy with
+deflate) is a one-line usage error; go-nsq names without meaning here are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, NoReturn, TypeVar
 import uvloop
 
 from pynsqd import NSQ_VERSION, __version__, logs
-from pynsqd.client.config import Identity
+from pynsqd.client.config import Features, Identity, TLSOptions
 from pynsqd.client.consumer import Consumer
 from pynsqd.client.message import Message
 from pynsqd.options import MS, SECOND, UsageError, flag, parse_bool, parse_duration, resolve, run_cli
@@ -90,28 +93,35 @@ _CONSUMER_OPTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "client_id": ("identity.client_id", str),
     "hostname": ("identity.hostname", str),
     "user_agent": ("identity.user_agent", str),
+    "tls_v1": ("tls_v1", parse_bool),
+    "tls_root_ca_file": ("tls.root_ca_file", str),
+    "tls_insecure_skip_verify": ("tls.insecure_skip_verify", parse_bool),
+    "tls_cert": ("tls.cert", str),
+    "tls_key": ("tls.key", str),
+    "tls_min_version": ("tls.min_version", str),
+    "snappy": ("snappy", parse_bool),
+    "deflate": ("deflate", parse_bool),
+    "deflate_level": ("deflate_level", int),
+    "auth_secret": ("auth_secret", str),
 }
-_UNSUPPORTED = {"tls_v1", "tls_root_ca_file", "tls_insecure_skip_verify", "tls_cert", "tls_key",
-                "tls_min_version", "snappy", "deflate", "deflate_level", "auth_secret"}
+_FEATURES = ("tls_v1", "tls_options", "snappy", "deflate", "deflate_level", "auth_secret")
+PRODUCER_KEYS = frozenset({"identity", "connect_timeout", *_FEATURES})
 _IGNORED = {"read_timeout", "write_timeout", "lookupd_poll_timeout", "max_msg_size",
             "skip_lookupd_authorization", "local_addr", "backoff_strategy", "low_rdy_timeout"}
 
 
 def consumer_options(pairs: Sequence[str], flag_name: str = "consumer-opt") -> dict[str, Any]:
-    """``["max_attempts,10", ...]`` → keyword arguments for ``Consumer``/``Producer``.
+    """``["max_attempts,10", ...]`` → keyword arguments for ``Consumer``.
 
-    Raises ``UsageError`` for a malformed pair, an unknown name or a bad value."""
+    Raises ``UsageError`` for a malformed pair, an unknown name, a bad value, or features
+    that cannot be used together (checked as the client would: files are read here)."""
     kwargs: dict[str, Any] = {}
-    identity = Identity()
+    identity, tls = Identity(), TLSOptions()
     for pair in pairs:
         name, sep, raw = pair.partition(",")
         name = name.strip()
         if not sep:
             raw = "true"
-        if name in _UNSUPPORTED:
-            if raw and not _is_false(raw):
-                raise UsageError(f"--{flag_name} {name}: not supported by this client yet")
-            continue
         if name in _IGNORED:
             continue
         target = _CONSUMER_OPTS.get(name)
@@ -124,17 +134,24 @@ def consumer_options(pairs: Sequence[str], flag_name: str = "consumer-opt") -> d
             raise UsageError(f"invalid value {raw!r} for --{flag_name} {name}: {exc}") from None
         if key.startswith("identity."):
             setattr(identity, key.split(".", 1)[1], value)
+        elif key.startswith("tls."):
+            setattr(tls, key.split(".", 1)[1], value)
+            kwargs["tls_options"] = tls
         else:
             kwargs[key] = value
     kwargs["identity"] = identity
+    try:
+        Features.make(**{k: v for k, v in kwargs.items() if k in _FEATURES})
+    except ValueError as exc:
+        raise UsageError(f"--{flag_name}: {exc}") from None
     return kwargs
 
 
-def _is_false(raw: str) -> bool:
-    try:
-        return not parse_bool(raw)
-    except ValueError:
-        return False
+def producer_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--producer-opt`` pairs → keyword arguments for ``Producer`` (go-nsq's producer shares
+    the consumer's ``Config``; options only a consumer uses are accepted and have no effect)."""
+    kwargs = consumer_options(pairs, "producer-opt")
+    return {k: v for k, v in kwargs.items() if k in PRODUCER_KEYS}
 
 
 def parse(cls: type[T], argv: Sequence[str], prog: str, description: str) -> T | None:

@@ -109,8 +109,8 @@ class Republisher:
 
 async def main_async(opts: Options, stop: asyncio.Event) -> int:
     kwargs = common.consumer_options(opts.consumer_opts)
-    pkw = common.consumer_options(opts.producer_opts, "producer-opt")
-    producers = {a: Producer(a, identity=pkw["identity"]) for a in opts.destination_nsqd_tcp_addresses}
+    pkw = common.producer_options(opts.producer_opts)
+    producers = {a: Producer(a, **pkw) for a in opts.destination_nsqd_tcp_addresses}
     repub = Republisher(opts, producers)
     await common.consume_until(stop, common.consumers_for(opts.topics, opts, repub.handler, kwargs))
     for p in producers.values():

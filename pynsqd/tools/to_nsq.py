@@ -100,10 +100,16 @@ class Pacer:
 
 
 async def main_async(opts: Options, stop: asyncio.Event) -> int:
-    kwargs = common.consumer_options(opts.producer_opts, "producer-opt")
-    producers = [Producer(a, identity=kwargs["identity"]) for a in opts.nsqd_tcp_addresses]
-    for p in producers:
-        await p.connect()
+    kwargs = common.producer_options(opts.producer_opts)
+    producers = [Producer(a, **kwargs) for a in opts.nsqd_tcp_addresses]
+    try:
+        for p in producers:
+            await p.connect()
+    except NSQError as exc:  # unreachable, TLS handshake or AUTH refused: one line, exit 1
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        for p in producers:
+            await p.close()
+        return 1
     window = asyncio.Semaphore(WINDOW)
     failed: list[BaseException] = []
     pending: set[asyncio.Task[None]] = set()

@@ -61,8 +61,11 @@ class FrameParser:
         self._max = max_frame_size
         self._failed = False
 
-    def feed(self, data: bytes) -> list[Frame | ProtocolError]:
-        """Add received bytes; return the frames they complete (and maybe a final error)."""
+    def feed(self, data: bytes, limit: int = 0) -> list[Frame | ProtocolError]:
+        """Add received bytes; return the frames they complete (and maybe a final error).
+
+        ``limit`` > 0 returns at most that many frames and keeps the bytes after them
+        buffered (``take_buffered`` hands them out when the stream switches encoding)."""
         if self._failed:
             return []
         buf = self._buf
@@ -70,7 +73,7 @@ class FrameParser:
         out: list[Frame | ProtocolError] = []
         pos = 0
         end = len(buf)
-        while end - pos >= 4:
+        while end - pos >= 4 and not (limit and len(out) >= limit):
             size = _SIZE.unpack_from(buf, pos)[0]
             if size < 4 or size > self._max:
                 self._failed = True
@@ -85,6 +88,12 @@ class FrameParser:
         if pos:
             del buf[:pos]
         return out
+
+    def take_buffered(self) -> bytes:
+        """Remove and return the bytes held after the last complete frame."""
+        data = bytes(self._buf)
+        self._buf.clear()
+        return data
 
     @property
     def failed(self) -> bool:
