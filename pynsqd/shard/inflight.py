@@ -2,15 +2,18 @@
 
 Theory of operation
 -------------------
-*In flight.* A delivered message gets an ``InFlight`` record, kept in two maps: the
-channel's (id → record, to answer "not in flight" vs "not yours" exactly as nsqd does) and
-the consumer's ``InFlightTable`` (an ``OrderedDict`` in delivery order). Every message a
-consumer receives gets the same timeout (its negotiated ``msg_timeout``), so delivery order
-*is* deadline order: expiry is a look at the oldest entries, FIN is one ``pop``, and TOUCH
-moves an entry to the end (its new deadline, now + timeout, is the latest). That makes every
-operation O(1) — no heap, no per-message timer — at 150k messages a second. The one
-exception is a TOUCH capped by ``--max-msg-timeout``: its deadline may be earlier than
-entries before it, and it then expires when they do (at most one timeout late).
+*In flight.* The channel keeps one dict, message id → ``Entry`` (a plain tuple: log
+position, consumer, delivery time, deadline, batch), which answers FIN, REQ and TOUCH ("not
+in flight" vs "not yours", exactly as nsqd does); a consumer keeps only a count. Deadlines
+live in a ``TimeoutWheel`` of slots ``GRANULARITY`` (10 ms) wide. A delivery of up to 256
+messages to one consumer shares one deadline, so it goes in as one ``Batch`` — ``[live
+count, ids]`` — at the cost of one list append, not 256 heap pushes. FIN does not search the
+wheel: it counts its batch down (``settle``), and a batch that reaches 0 drops its ids, so
+finished messages hold no memory until their slot comes; an id whose entry is gone or whose
+deadline moved on (TOUCH adds it again, as a batch of one, to a later slot) is skipped when
+its slot comes due. Delivery and FIN are thus O(1) dict operations, expiry one look per id
+still held, batched per scan (nsqd: every 100 ms). A message times out at most one slot
+after its deadline, well inside nsqd's own 100 ms scan.
 
 *Deferred.* REQ with a delay and DPUB park messages until a due time. Due times arrive in
 any order, so they live in a binary heap ordered by (due, sequence).
@@ -22,70 +25,78 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict
-from typing import Any
+from typing import Any, Final
+
+GRANULARITY = 10_000_000  # ns per wheel slot
+
+# One delivery's ids in the wheel: [ids still in flight, ids] (ids emptied at 0).
+Batch = list[Any]
+# An in-flight message: (log position, consumer, delivered at, deadline, batch); monotonic ns.
+Entry = tuple[int, Any, int, int, Batch]
+POS: Final = 0
+CLIENT: Final = 1
+DELIVERED: Final = 2
+DEADLINE: Final = 3
+BATCH: Final = 4
+NO_IDS: list[bytes] = []
 
 
-class InFlight:
-    """One delivery of a message to one consumer."""
-
-    __slots__ = ("attempts", "client", "deadline", "delivered", "pos", "record")
-
-    def __init__(self, record: bytes, client: Any, attempts: int, delivered: int, deadline: int,
-                 pos: int = -1) -> None:
-        self.record = record        # the encoded message, attempts as stored before delivery
-        self.client = client        # the consumer that holds it
-        self.attempts = attempts    # attempts including this delivery
-        self.delivered = delivered  # monotonic ns of delivery (TOUCH is capped from here)
-        self.deadline = deadline    # monotonic ns when it times out
-        self.pos = pos              # position of its record in the channel's shared-memory log
+def settle(batch: Batch) -> None:
+    """One id of ``batch`` left flight (FIN, REQ, TOUCH); the last one frees the ids."""
+    batch[0] -= 1
+    if not batch[0]:
+        batch[1] = NO_IDS
 
 
-class InFlightTable:
-    """One consumer's in-flight messages, oldest delivery first."""
+class TimeoutWheel:
+    """Ids by coarse deadline. ``add`` a batch of ids due at one time; ``pop_due`` returns
+    every id whose slot has come, oldest slot first, possibly including ids that were
+    finished or touched since (the caller checks its own table)."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_granularity", "_heap", "_slots")
 
-    def __init__(self) -> None:
-        self._entries: OrderedDict[bytes, InFlight] = OrderedDict()
+    def __init__(self, granularity: int = GRANULARITY) -> None:
+        self._granularity = granularity
+        self._slots: dict[int, list[Batch]] = {}
+        self._heap: list[int] = []  # slot numbers, one entry per slot in ``_slots``
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        """Ids held (for tests: finished batches hold none)."""
+        return sum(len(batch[1]) for batches in self._slots.values() for batch in batches)
 
-    def add(self, msg_id: bytes, entry: InFlight) -> None:
-        self._entries[msg_id] = entry
+    def add(self, deadline: int, ids: list[bytes]) -> Batch:
+        """Hold ``ids`` (the list itself, not a copy) until ``deadline``; returns their batch,
+        which the caller ``settle``s once per id that leaves flight before then."""
+        batch: Batch = [len(ids), ids]
+        slot = -(-deadline // self._granularity)  # rounded up: never early
+        batches = self._slots.get(slot)
+        if batches is None:
+            self._slots[slot] = [batch]
+            heapq.heappush(self._heap, slot)
+        else:
+            batches.append(batch)
+        return batch
 
-    def remove(self, msg_id: bytes) -> InFlight | None:
-        return self._entries.pop(msg_id, None)
-
-    def touch(self, msg_id: bytes, deadline: int) -> None:
-        """Give ``msg_id`` a new deadline (the latest of the table, but for a capped one)."""
-        entry = self._entries[msg_id]
-        entry.deadline = deadline
-        self._entries.move_to_end(msg_id)
-
-    def expired(self, now: int) -> list[tuple[bytes, InFlight]]:
-        """Remove and return the entries whose deadline has passed, oldest first."""
-        out: list[tuple[bytes, InFlight]] = []
-        entries = self._entries
-        while entries:
-            msg_id, entry = next(iter(entries.items()))
-            if entry.deadline > now:
-                break
-            entries.popitem(last=False)
-            out.append((msg_id, entry))
+    def pop_due(self, now: int) -> list[bytes]:
+        """Remove and return the ids of every slot that ended at or before ``now``."""
+        heap = self._heap
+        limit = now // self._granularity
+        out: list[bytes] = []
+        while heap and heap[0] <= limit:
+            for batch in self._slots.pop(heapq.heappop(heap)):
+                out += batch[1]
         return out
 
-    def drain(self) -> list[tuple[bytes, InFlight]]:
-        """Remove and return every entry (the consumer went away)."""
-        out = list(self._entries.items())
-        self._entries.clear()
-        return out
+    def next_due(self) -> int | None:
+        """When the first slot comes due (ns), or None when empty."""
+        return self._heap[0] * self._granularity if self._heap else None
 
-    def next_deadline(self) -> int | None:
-        if not self._entries:
-            return None
-        return next(iter(self._entries.values())).deadline
+    def clear(self) -> None:
+        self._slots.clear()
+        self._heap.clear()
 
 
 class DeferredQueue:
