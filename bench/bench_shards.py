@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_tcp import Meter, _connect, _read_response, answer_frames  # noqa: E402
+from bench.bench_tcp import Meter, _connect, _read_response, fin_frames  # noqa: E402
 from bench.common import Figures, add_load_args, remove_segments, report, start_node  # noqa: E402
 from pynsqd.wire.commands import encode_mpub, encode_rdy, encode_sub  # noqa: E402
 
@@ -98,11 +98,11 @@ def consumers(addr: tuple[str, int], topics: list[str], runfor: float, total: in
                 continue
             buf = bufs[sock]
             buf += data
-            fins, _ = answer_frames(buf)
-            if fins:
-                count += len(fins)
+            answer, messages = fin_frames(buf)
+            if answer:
+                count += messages
                 sock.setblocking(True)
-                sock.sendall(b"".join(fins))
+                sock.sendall(answer)
                 sock.setblocking(False)
     cpu = os.times()
     out.put((count, first, last, cpu.user + cpu.system))

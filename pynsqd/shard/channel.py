@@ -24,9 +24,9 @@ restarted process rebuilds them from the log (``recover``).
 The hot path works per batch, never per message object: a delivery of up to ``CHUNK``
 messages walks the log once (``MessageQueue.deliver``: mark in flight, count attempts, and
 append the NSQ frames straight to the consumer's output buffer), then adds one dict entry
-per id and one batch to the timeout wheel (``pynsqd.shard.inflight``); a run of FINs read in
-one go is one ``finish_many`` call (one dict pop and one state byte per id, one pump
-scheduled). At 200-byte messages that is about 1 µs of Python per message delivered.
+per id (filled in C) and one ``Delivery`` to the timeout wheel (``pynsqd.shard.inflight``);
+a run of FINs read in one go is one ``finish_many`` call (two dict pops and one state byte
+per id, one pump scheduled).
 
 Consumers are duck-typed (``pynsqd.shard.protocol.ClientV2``); the channel uses their
 ``capacity()``, ``output()`` (the buffer frames go to), ``delivered(count)``,
@@ -42,18 +42,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pynsqd.shard.inflight import (
-    BATCH,
-    CLIENT,
-    DEADLINE,
-    DELIVERED,
-    NO_IDS,
-    POS,
-    DeferredQueue,
-    Entry,
-    TimeoutWheel,
-    settle,
-)
+from pynsqd.shard.inflight import NO_IDS, DeferredQueue, Delivery, TimeoutWheel
 from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import MessageQueue
 from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT
@@ -83,7 +72,8 @@ class Channel:
         queue.on_move = self._moved
         self.deferred = DeferredQueue()
         self.deferred_at: dict[bytes, int] = {}  # message id → log position (-1: memory only)
-        self.in_flight: dict[bytes, Entry] = {}
+        self.in_flight: dict[bytes, Delivery] = {}  # message id → its delivery
+        self.in_flight_pos: dict[bytes, int] = {}  # message id → log position
         self.timeouts = TimeoutWheel()
         self.consumers: list[Any] = []
         self.paused = False
@@ -112,9 +102,8 @@ class Channel:
         """The log moved a live record (to free its front)."""
         msg_id = record[ID_OFFSET:ID_OFFSET + 16]
         if state == IN_FLIGHT:
-            entry = self.in_flight.get(msg_id)
-            if entry is not None and entry[POS] == old:
-                self.in_flight[msg_id] = (new, *entry[1:])
+            if self.in_flight_pos.get(msg_id) == old:
+                self.in_flight_pos[msg_id] = new
                 return
         elif state == DEFERRED and self.deferred_at.get(msg_id) == old:
             self.deferred_at[msg_id] = new
@@ -163,12 +152,11 @@ class Channel:
             return
         client.in_flight_count = 0
         in_flight = self.in_flight
-        returned = [msg_id for msg_id, entry in in_flight.items() if entry[CLIENT] is client]
+        returned = [msg_id for msg_id, delivery in in_flight.items() if delivery.client is client]
         if returned:
             for msg_id in returned:
-                entry = in_flight.pop(msg_id)
-                settle(entry[BATCH])
-                self.queue.requeue(entry[POS])
+                in_flight.pop(msg_id).settle()
+                self.queue.requeue(self.in_flight_pos.pop(msg_id))
             self.timeout_count += len(returned)
             if self.consumers:
                 self._schedule(self)
@@ -208,12 +196,17 @@ class Channel:
         positions = self.queue.deliver(count, client.output(), ids)
         if not positions:
             return False
-        deadline = now + client.msg_timeout
-        batch = self.timeouts.add(deadline, ids)
-        self.in_flight.update(zip(ids, [(pos, client, now, deadline, batch) for pos in positions]))
-        client.in_flight_count += len(positions)
+        self._hold(client, ids, positions, now)
         client.delivered(len(positions))
         return True
+
+    def _hold(self, client: Any, ids: list[bytes], positions: list[int], now: int) -> None:
+        """``ids`` (at ``positions``) are in flight at ``client`` from ``now``."""
+        delivery = Delivery(ids, client, now, now + client.msg_timeout)
+        self.timeouts.add(delivery)
+        self.in_flight.update(dict.fromkeys(ids, delivery))
+        self.in_flight_pos.update(zip(ids, positions))
+        client.in_flight_count += len(positions)
 
     def _deliver_sampled(self, client: Any, count: int, now: int) -> bool:
         """``--sample-rate``: each message is delivered with that chance, else consumed."""
@@ -237,24 +230,25 @@ class Channel:
         if len(kept) != len(records):
             log.debug("%r: sampled out %d messages for %s", self, len(records) - len(kept), client)
         if kept:
-            deadline = now + client.msg_timeout
-            batch = self.timeouts.add(deadline, ids)
-            self.in_flight.update(zip(ids, [(pos, client, now, deadline, batch) for pos in kept]))
-            client.in_flight_count += len(kept)
+            self._hold(client, ids, kept, now)
             client.deliver(out)
         return True
 
     # --- FIN / REQ / TOUCH ----------------------------------------------------------------
-    def _pop_in_flight(self, client: Any, msg_id: bytes) -> Entry:
-        entry = self.in_flight.get(msg_id)
-        if entry is None:
+    def _get_in_flight(self, client: Any, msg_id: bytes) -> Delivery:
+        delivery = self.in_flight.get(msg_id)
+        if delivery is None:
             raise ChannelError("ID not in flight")
-        if entry[CLIENT] is not client:
+        if delivery.client is not client:
             raise ChannelError("client does not own message")
+        return delivery
+
+    def _pop_in_flight(self, client: Any, msg_id: bytes) -> int:
+        """Take ``msg_id`` out of flight; its log position."""
+        self._get_in_flight(client, msg_id).settle()
         del self.in_flight[msg_id]
-        settle(entry[BATCH])
         client.in_flight_count -= 1
-        return entry
+        return self.in_flight_pos.pop(msg_id)
 
     def finish(self, client: Any, msg_id: bytes) -> None:
         """FIN one message; raises ``ChannelError`` with nsqd's reason."""
@@ -265,21 +259,21 @@ class Channel:
     def finish_many(self, client: Any, ids: list[bytes]) -> list[tuple[bytes, str]]:
         """FIN each of ``ids`` in order; returns [(id, nsqd's reason)] of those that failed."""
         in_flight = self.in_flight
+        pop_pos = self.in_flight_pos.pop
         states = self.queue.log.states
         e2e = self.e2e
         failed: list[tuple[bytes, str]] = []
         done = 0
         for msg_id in ids:
-            entry = in_flight.get(msg_id)
-            if entry is None or entry[CLIENT] is not client:
-                failed.append((msg_id, "ID not in flight" if entry is None else "client does not own message"))
+            delivery = in_flight.get(msg_id)
+            if delivery is None or delivery.client is not client:
+                failed.append((msg_id, "ID not in flight" if delivery is None else "client does not own message"))
                 continue
             del in_flight[msg_id]
-            batch = entry[BATCH]  # settle(batch), inline
-            batch[0] -= 1
-            if not batch[0]:
-                batch[1] = NO_IDS
-            pos = entry[POS]
+            delivery.live -= 1  # delivery.settle(), inline
+            if not delivery.live:
+                delivery.ids = NO_IDS
+            pos = pop_pos(msg_id)
             if e2e is not None:
                 e2e.add_timestamp(self.queue.log.timestamp_at(pos))
             states[pos] = DONE
@@ -293,10 +287,9 @@ class Channel:
 
     def requeue(self, client: Any, msg_id: bytes, delay: int, now: int) -> None:
         """REQ: back to the queue now (``delay`` 0) or after ``delay`` ns."""
-        entry = self._pop_in_flight(client, msg_id)
+        pos = self._pop_in_flight(client, msg_id)
         client.requeue_count += 1
         self.requeue_count += 1
-        pos = entry[POS]
         if delay > 0:
             # the log's copy carries this delivery's attempts (written in place)
             self._defer(self.queue.log.message_at(pos)[2], now + delay, pos)
@@ -305,15 +298,12 @@ class Channel:
         self.notify_ready()
 
     def touch(self, client: Any, msg_id: bytes, now: int, max_msg_timeout: int) -> None:
-        entry = self.in_flight.get(msg_id)
-        if entry is None:
-            raise ChannelError("ID not in flight")
-        if entry[CLIENT] is not client:
-            raise ChannelError("client does not own message")
-        deadline = min(now + client.msg_timeout, entry[DELIVERED] + max_msg_timeout)
-        settle(entry[BATCH])
-        ids = [msg_id]
-        self.in_flight[msg_id] = (entry[POS], client, entry[DELIVERED], deadline, self.timeouts.add(deadline, ids))
+        old = self._get_in_flight(client, msg_id)
+        old.settle()
+        moved = Delivery([msg_id], client, old.delivered,
+                         min(now + client.msg_timeout, old.delivered + max_msg_timeout))
+        self.timeouts.add(moved)
+        self.in_flight[msg_id] = moved
 
     def _undefer(self, records: list[bytes]) -> None:
         """Due deferred messages become ready (in place when they have a log record)."""
@@ -341,11 +331,11 @@ class Channel:
         requeue = self.queue.requeue
         in_flight = self.in_flight
         for msg_id in self.timeouts.pop_due(now):
-            entry = in_flight.get(msg_id)
-            if entry is not None and entry[DEADLINE] <= now:
+            delivery = in_flight.get(msg_id)
+            if delivery is not None and delivery.deadline <= now:
                 del in_flight[msg_id]
-                entry[CLIENT].in_flight_count -= 1
-                requeue(entry[POS])
+                delivery.client.in_flight_count -= 1
+                requeue(self.in_flight_pos.pop(msg_id))
                 expired += 1
         self.timeout_count += expired
         due = self.deferred.pop_due(now)
@@ -368,6 +358,7 @@ class Channel:
         """Drop every message: queued, in flight and deferred (``/channel/empty``)."""
         self.queue.empty()
         self.in_flight.clear()
+        self.in_flight_pos.clear()
         self.timeouts.clear()
         self.deferred.drain()
         self.deferred_at.clear()
@@ -399,6 +390,7 @@ class Channel:
                        if self.deferred_at.get(record[ID_OFFSET:ID_OFFSET + 16], -1) < 0]
         self.deferred_at.clear()
         self.in_flight.clear()
+        self.in_flight_pos.clear()
         self.timeouts.clear()
         for client in self.consumers:
             client.in_flight_count = 0

@@ -2,17 +2,21 @@
 
 Theory of operation
 -------------------
-*In flight.* The channel keeps one dict, message id → ``Entry`` (a plain tuple: log
-position, consumer, delivery time, deadline, batch), which answers FIN, REQ and TOUCH ("not
-in flight" vs "not yours", exactly as nsqd does); a consumer keeps only a count. Deadlines
-live in a ``TimeoutWheel`` of slots ``GRANULARITY`` (10 ms) wide. A delivery of up to 256
-messages to one consumer shares one deadline, so it goes in as one ``Batch`` — ``[live
-count, ids]`` — at the cost of one list append, not 256 heap pushes. FIN does not search the
-wheel: it counts its batch down (``settle``), and a batch that reaches 0 drops its ids, so
-finished messages hold no memory until their slot comes; an id whose entry is gone or whose
-deadline moved on (TOUCH adds it again, as a batch of one, to a later slot) is skipped when
-its slot comes due. Delivery and FIN are thus O(1) dict operations, expiry one look per id
-still held, batched per scan (nsqd: every 100 ms). A message times out at most one slot
+*In flight.* A delivery of up to 256 messages to one consumer is one ``Delivery``: the
+consumer, the delivery time, the deadline (every message a consumer receives gets its
+negotiated ``msg_timeout``), its ids and how many of them are still in flight. The channel
+keeps two dicts keyed by message id, filled in C for a whole delivery
+(``dict.fromkeys(ids, delivery)``, ``zip(ids, positions)``): id → ``Delivery`` (answers FIN,
+REQ and TOUCH: "not in flight" vs "not yours", exactly as nsqd does) and id → log position.
+No object is made per message, so the garbage collector has nothing new to track.
+
+Deadlines live in a ``TimeoutWheel`` of slots ``GRANULARITY`` (10 ms) wide: a delivery goes
+in with one list append, not 256 heap pushes. FIN does not search the wheel: it counts its
+delivery down (``settle``), and a delivery that reaches 0 drops its ids, so finished messages
+hold no memory until their slot comes. An id whose entry is gone, or belongs to another
+delivery now (TOUCH moves the id to a new delivery of one, with a later deadline), is skipped
+when its slot comes due. Delivery and FIN are thus O(1) dict operations, expiry one look per
+id still held, batched per scan (nsqd: every 100 ms). A message times out at most one slot
 after its deadline, well inside nsqd's own 100 ms scan.
 
 *Deferred.* REQ with a delay and DPUB park messages until a due time. Due times arrive in
@@ -25,69 +29,68 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, Final
+from typing import Any
 
 GRANULARITY = 10_000_000  # ns per wheel slot
-
-# One delivery's ids in the wheel: [ids still in flight, ids] (ids emptied at 0).
-Batch = list[Any]
-# An in-flight message: (log position, consumer, delivered at, deadline, batch); monotonic ns.
-Entry = tuple[int, Any, int, int, Batch]
-POS: Final = 0
-CLIENT: Final = 1
-DELIVERED: Final = 2
-DEADLINE: Final = 3
-BATCH: Final = 4
 NO_IDS: list[bytes] = []
 
 
-def settle(batch: Batch) -> None:
-    """One id of ``batch`` left flight (FIN, REQ, TOUCH); the last one frees the ids."""
-    batch[0] -= 1
-    if not batch[0]:
-        batch[1] = NO_IDS
+class Delivery:
+    """Messages handed to one consumer at once, sharing a deadline."""
+
+    __slots__ = ("client", "deadline", "delivered", "ids", "live")
+
+    def __init__(self, ids: list[bytes], client: Any, delivered: int, deadline: int) -> None:
+        self.ids = ids              # their message ids (NO_IDS once none is in flight)
+        self.live = len(ids)        # how many of them are still in flight
+        self.client = client        # the consumer that holds them
+        self.delivered = delivered  # monotonic ns of delivery (TOUCH is capped from here)
+        self.deadline = deadline    # monotonic ns when they time out
+
+    def settle(self) -> None:
+        """One of the ids left flight (FIN, REQ, TOUCH); the last one frees the ids."""
+        self.live -= 1
+        if not self.live:
+            self.ids = NO_IDS
 
 
 class TimeoutWheel:
-    """Ids by coarse deadline. ``add`` a batch of ids due at one time; ``pop_due`` returns
-    every id whose slot has come, oldest slot first, possibly including ids that were
-    finished or touched since (the caller checks its own table)."""
+    """Deliveries by coarse deadline. ``pop_due`` returns the ids of every delivery whose
+    slot has come, oldest slot first, possibly including ids that were finished or moved
+    since (the caller checks its own table)."""
 
     __slots__ = ("_granularity", "_heap", "_slots")
 
     def __init__(self, granularity: int = GRANULARITY) -> None:
         self._granularity = granularity
-        self._slots: dict[int, list[Batch]] = {}
+        self._slots: dict[int, list[Delivery]] = {}
         self._heap: list[int] = []  # slot numbers, one entry per slot in ``_slots``
 
     def __bool__(self) -> bool:
         return bool(self._heap)
 
     def __len__(self) -> int:
-        """Ids held (for tests: finished batches hold none)."""
-        return sum(len(batch[1]) for batches in self._slots.values() for batch in batches)
+        """Ids held (settled deliveries hold none)."""
+        return sum(len(d.ids) for deliveries in self._slots.values() for d in deliveries)
 
-    def add(self, deadline: int, ids: list[bytes]) -> Batch:
-        """Hold ``ids`` (the list itself, not a copy) until ``deadline``; returns their batch,
-        which the caller ``settle``s once per id that leaves flight before then."""
-        batch: Batch = [len(ids), ids]
-        slot = -(-deadline // self._granularity)  # rounded up: never early
-        batches = self._slots.get(slot)
-        if batches is None:
-            self._slots[slot] = [batch]
+    def add(self, delivery: Delivery) -> None:
+        """Hold ``delivery`` until its deadline."""
+        slot = -(-delivery.deadline // self._granularity)  # rounded up: never early
+        deliveries = self._slots.get(slot)
+        if deliveries is None:
+            self._slots[slot] = [delivery]
             heapq.heappush(self._heap, slot)
         else:
-            batches.append(batch)
-        return batch
+            deliveries.append(delivery)
 
     def pop_due(self, now: int) -> list[bytes]:
-        """Remove and return the ids of every slot that ended at or before ``now``."""
+        """Remove the deliveries of every slot that ended at or before ``now``; their ids."""
         heap = self._heap
         limit = now // self._granularity
         out: list[bytes] = []
         while heap and heap[0] <= limit:
-            for batch in self._slots.pop(heapq.heappop(heap)):
-                out += batch[1]
+            for delivery in self._slots.pop(heapq.heappop(heap)):
+                out += delivery.ids
         return out
 
     def next_due(self) -> int | None:
