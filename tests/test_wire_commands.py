@@ -454,7 +454,7 @@ def test_fin_runs_parse_as_the_lines_they_are(lines: list[bytes], cuts: list[int
     fast = CommandParser(fin_runs=True)
     got: list[Any] = []
     start = 0
-    for cut in sorted({min(cut, len(data)) for cut in cuts}) + [len(data)]:
+    for cut in [*sorted({min(cut, len(data)) for cut in cuts}), len(data)]:
         got += fast.feed(data[start:cut])
         start = cut
     assert _expand(got) == expected
