@@ -204,9 +204,11 @@ class Channel:
         """``ids`` (at ``positions``) are in flight at ``client`` from ``now``."""
         delivery = Delivery(ids, client, now, now + client.msg_timeout)
         self.timeouts.add(delivery)
-        self.in_flight.update(dict.fromkeys(ids, delivery))
+        in_flight = self.in_flight
+        held = len(in_flight)
+        in_flight.update(dict.fromkeys(ids, delivery))
         self.in_flight_pos.update(zip(ids, positions))
-        client.in_flight_count += len(positions)
+        client.in_flight_count += len(in_flight) - held  # a duplicate id counts once, as FIN will
 
     def _deliver_sampled(self, client: Any, count: int, now: int) -> bool:
         """``--sample-rate``: each message is delivered with that chance, else consumed."""
