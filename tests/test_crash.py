@@ -125,15 +125,16 @@ class Scenario:
                     redelivered.append(m.body)
                 got[m.body] = (m.attempts, time.time())
                 c.send(encode_fin(m.id))
-            if exactly_once:
-                c.expect_nothing(0.3)
-            elif finished_never:
-                while True:  # whatever else arrives must not be a FINed message
+            if exactly_once or finished_never:
+                # Whatever else arrives: a late PUB the server stored but whose OK the publisher
+                # never read (not expected, allowed once), or a repeat (checked below).
+                while True:
                     try:
                         m = c.read_message(timeout=0.3)
                     except TimeoutError:
                         break
-                    redelivered.append(m.body)
+                    if m.body in got or finished_never:
+                        redelivered.append(m.body)
                     got[m.body] = (m.attempts, time.time())
                     c.send(encode_fin(m.id))
         missing = expected - set(got)
@@ -152,11 +153,13 @@ class Scenario:
             assert got[body][0] >= 2
         with RawClient(again.tcp) as c:
             c.subscribe("lonely", "ch", rdy=500)
-            lonely = {c.read_message(timeout=scaled(10)).body for _ in range(300)}
-            assert lonely == self.orphans - {b"o-deferred"}
-            m = c.read_message(timeout=scaled(10) + DEFER_MS / 1000)
-            assert m.body == b"o-deferred" and time.time() >= self.dpub_due - 0.05
-            c.send(encode_fin(m.id))
+            arrived: dict[bytes, float] = {}
+            while len(arrived) < len(self.orphans):  # the DPUB may fall due while we restart
+                m = c.read_message(timeout=scaled(10) + DEFER_MS / 1000)
+                arrived.setdefault(m.body, time.time())
+                c.send(encode_fin(m.id))
+            assert set(arrived) == self.orphans
+            assert arrived[b"o-deferred"] >= self.dpub_due - 0.05  # due time kept
 
 
 def queue_segments(path: Path) -> list[str]:

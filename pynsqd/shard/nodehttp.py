@@ -14,7 +14,9 @@ Theory of operation
   them into one node (``supervisor/aggregate.py``); the formats (JSON, text, Prometheus)
   are rendered from that one document by the same code a single shard uses.
 - ``PUT /config/…``: applied here, then by the supervisor on every other shard (node-wide).
-- anything else (``/ping``, ``/info``, ``GET /config``, bad requests): here.
+- ``/ping``: the node's health — this shard's if it is not OK, else the first shard's that
+  is not (asked through the supervisor), so a failing disk on any shard shows on every ``/ping``.
+- anything else (``/info``, ``GET /config``, bad requests): here.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Protocol
 import orjson
 from starlette.responses import Response
 
-from pynsqd.shard.http import HTTPError, NsqdHTTP, api_response, error_response, parse_query
+from pynsqd.shard.http import TEXT_TYPE, HTTPError, NsqdHTTP, api_response, error_response, parse_query
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
 from pynsqd.shard.stats import format_text
@@ -112,6 +114,11 @@ class NodeHTTP:
                 response = await self._stats(scope)
                 await response(scope, receive, send)
                 return
+            if path == "/ping" and method == "GET" and self.app.broker.health == "OK":
+                health = await self._node_health()
+                if health != "OK":
+                    await Response(health, status_code=500, media_type=TEXT_TYPE)(scope, receive, send)
+                    return
             if path.startswith(("/topic/", "/channel/")):
                 owner = self._owner_of(scope)
                 if owner is not None and owner != self.shard.index:
@@ -124,6 +131,13 @@ class NodeHTTP:
             await error_response(exc.status, exc.message)(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    async def _node_health(self) -> str:
+        try:
+            reply, _, _ = await self.shard.control.call({"op": "health"}, wait=PROXY_TIMEOUT)
+        except (ConnectionError, TimeoutError):
+            return "OK"  # the supervisor is going away; this shard's own health stands
+        return str(reply.get("health", "OK"))
 
     def _owner_of(self, scope: dict[str, Any]) -> int | None:
         try:

@@ -181,6 +181,8 @@ class ShardWorker:
                                      "cross_shard_sent": self.outbound.sent,
                                      "cross_shard_received": self.inbound.received}
             chan.reply(msg, {"ok": True}, orjson.dumps(doc))
+        elif op == "health":
+            chan.reply(msg, {"ok": True, "health": self.broker.health})
         elif op == "http":
             self.inbound.drain(None)
             task = asyncio.get_running_loop().create_task(self._proxied(chan, msg, payload))

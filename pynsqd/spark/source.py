@@ -46,8 +46,13 @@ from pyspark.sql.streaming.datasource import (
 from pynsqd.spark.options import SourceOptions
 from pynsqd.spark.spool import arrow_batches, write_spool
 
-AVAILABLE_NOW_WAIT = 2.0  # seconds a Trigger.AvailableNow run waits for the first messages
-AVAILABLE_NOW_QUIET = 1.0  # ... and the quiet period after which it counts the topic as drained
+# A Trigger.AvailableNow run waits this long for the first messages, and counts the topic as
+# drained after a quiet period this long. Both cover the consumer's RDY ramp (a new connection
+# holds RDY 1 until its first message is handled) on a busy host: a 1 s quiet period ended a
+# run after its first message under load. The cost is this many idle seconds at the end of a
+# batch-style run.
+AVAILABLE_NOW_WAIT = 5.0
+AVAILABLE_NOW_QUIET = 5.0
 
 
 class SpoolPartition(InputPartition):

@@ -262,6 +262,8 @@ class Supervisor:
                 self._spawn_task(self._handoff(msg["shard"], sock, msg.get("state") or {}, payload))
         elif op == "stats":
             self._spawn_task(self._stats(chan, msg))
+        elif op == "health":
+            self._spawn_task(self._health(chan, msg))
         elif op == "proxy":
             self._spawn_task(self._proxy(chan, msg, payload))
         elif op == "config":
@@ -338,6 +340,12 @@ class Supervisor:
         request: dict[str, Any] = {k: msg[k] for k in ("topic", "channel", "include_clients", "include_mem")
                                    if k in msg}
         chan.reply(msg, {"ok": True}, orjson.dumps(await self.node_stats(request)))
+
+    async def _health(self, chan: ControlChannel, msg: dict[str, Any]) -> None:
+        """``/ping`` is the node's health: the first shard that is not OK decides it."""
+        replies = [header for header, _ in await self._call_all({"op": "health"})]
+        bad = [r["health"] for r in replies if r.get("health", "OK") != "OK"]
+        chan.reply(msg, {"ok": True, "health": bad[0] if bad else "OK"})
 
     async def node_stats(self, request: dict[str, Any]) -> dict[str, Any]:
         """The node's stats document: every ready shard's, merged (``aggregate.py``)."""
