@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import urllib.request
@@ -542,3 +543,26 @@ def test_an_inbound_ring_left_by_a_run_with_another_shard_count_is_not_lost(
     assert arrived[b"later"] >= due - 0.05
     if restart_shards == 1:  # no pair of this run: drained to disk and removed
         assert [n for n in list_segments(str(tmp_path / "data")) if "-inbound-" in n] == []
+
+
+def test_a_cross_shard_batch_the_owner_cannot_store_stays_in_the_ring_until_it_can(
+        node: NodeFactory, tmp_path: Path) -> None:
+    """The owner's disk refuses writes (RLIMIT_FSIZE): an acknowledged cross-shard batch is
+    not dropped but retried, and stored once the disk takes it again."""
+    nsqd = node("--shards=2", "--mem-queue-size=0")  # every message goes to the disk queue
+    with RawClient(nsqd.tcp) as p:
+        away, pid = _stop_away_owner(nsqd, tmp_path, p, "full")
+        subprocess.run(["prlimit", f"--pid={pid}", "--fsize=1:unlimited"], check=True)
+        try:
+            p.send(encode_mpub(away, [b"held-%d" % i for i in range(10)]))
+            assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+            wait_for(lambda: "failed to store 10 cross-shard message(s)" in nsqd.output, 20,
+                     what="the owner's failed write")
+            assert _topic_count(nsqd, away) == 0
+        finally:
+            subprocess.run(["prlimit", f"--pid={pid}", "--fsize=unlimited:unlimited"], check=True)
+    wait_for(lambda: _topic_count(nsqd, away) == 10, 20, what="the batch stored on retry")
+    with RawClient(nsqd.tcp) as c:
+        c.subscribe(away, "ch", rdy=20)
+        assert sorted(c.read_message(timeout=scaled(10)).body for _ in range(10)) == sorted(
+            b"held-%d" % i for i in range(10))

@@ -15,7 +15,8 @@ Each ring has one producer process and one consumer process (SPSC, the ring's co
 owner is woken through its eventfd, written once per loop turn by each producer with pending
 records. The owner drains with ``peek_many`` → apply → ``consume``, so a crash between apply
 and consume replays the batch (at-least-once), and a restarted owner first drains whatever
-its rings hold. Draining is bounded per turn (``DRAIN_BATCH`` records per ring) and
+its rings hold. A batch the owner cannot store (its disk queue fails) stays in the ring and
+is retried every ``STORE_RETRY``, never dropped. Draining is bounded per turn (``DRAIN_BATCH`` records per ring) and
 rescheduled, so a flood from one ring never blocks the owner's loop; it also drains before
 answering a stats request, so ``OK`` → ``/stats`` always shows the message.
 
@@ -55,6 +56,7 @@ def ring_size() -> int:
         return RING_SIZE
     return max(4096, min(RING_SIZE, soft // 4096 * 4096))
 DRAIN_BATCH = 256
+STORE_RETRY = 1.0  # seconds before the owner retries a batch it could not store
 _HEAD = struct.Struct(">H")
 _TAIL = struct.Struct(">QII")
 _LEN = struct.Struct(">I")
@@ -224,35 +226,46 @@ class Inbound:
 
     def drain(self, limit: int | None = DRAIN_BATCH) -> int:
         """Apply up to ``limit`` records per ring (all when None); reschedules if more wait."""
+        if self._again is not None:
+            self._again.cancel()
         self._again = None
         applied = 0
-        more = False
+        more = stalled = False
         for ring in self.rings:
             while True:
                 batch = ring.peek_many(limit or DRAIN_BATCH)
                 if not batch:
                     break
+                done = 0
                 for data in batch:
-                    self._apply(data)
-                ring.consume(len(batch))
-                applied += len(batch)
+                    if not self._apply(data):
+                        break
+                    done += 1
+                ring.consume(done)
+                applied += done
+                if done < len(batch):  # stays in the ring: retried, never dropped
+                    stalled = True
+                    break
                 if limit is not None:
                     more = more or len(ring) > 0
                     break
-        if more and self._loop is not None and self._again is None:
-            self._again = self._loop.call_soon(self.drain)
+        if self._loop is not None and (stalled or more):
+            self._again = (self._loop.call_later(STORE_RETRY, self.drain) if stalled
+                           else self._loop.call_soon(self.drain))
         return applied
 
-    def _apply(self, data: bytes) -> None:
+    def _apply(self, data: bytes) -> bool:
+        """Store one batch; False when the owner cannot store it now (the batch stays in the
+        ring, acknowledged: it is retried after ``STORE_RETRY``, and kept across an exit)."""
         try:
             topic_name, records, body_bytes, due = decode_batch(data)
         except (ValueError, struct.error) as exc:
             log.error("inbound ring: dropping a corrupt record - %s", exc)
-            return
+            return True
         broker = self.broker
         topic = broker.get_topic(topic_name)
         if not records:
-            return
+            return True
         try:
             if due:  # counted from the publish: what is left of the delay (0 if it passed)
                 now = time.monotonic_ns()
@@ -262,16 +275,20 @@ class Inbound:
                 topic.put_many(records, body_bytes)
         except Exception as exc:
             broker.health = f"NOK - {exc}"
-            log.error("TOPIC(%s): failed to store %d cross-shard message(s) - %s",
+            log.error("TOPIC(%s): failed to store %d cross-shard message(s), retrying - %s",
                       topic_name, len(records), exc)
-            return
+            return False
         self.received += len(records)
+        return True
 
     def stop(self) -> None:
+        """No more wake-ups or retries; a final ``drain(None)`` may still run."""
         if self._loop is not None:
             self._loop.remove_reader(self.wake_fd)
+        self._loop = None
         if self._again is not None:
             self._again.cancel()
+            self._again = None
 
     def close(self) -> None:
         for ring in self.rings:
