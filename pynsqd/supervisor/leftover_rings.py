@@ -33,7 +33,7 @@ from typing import Any
 
 from pynsqd.shard import metadata
 from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.crossshard import decode_batch
+from pynsqd.shard.crossshard import decode_batch, ring_name
 from pynsqd.shard.node import make_backend
 from pynsqd.shm import sidecar as sidecar_file
 from pynsqd.shm.diskqueue import DiskQueueError
@@ -43,7 +43,7 @@ from pynsqd.wire.names import is_ephemeral
 
 log = logging.getLogger("pynsqd.supervisor")
 
-_PAIR = re.compile(r"-inbound-(\d+)-(\d+)$")
+_PAIR = re.compile(r"(\d+)-(\d+)")
 Batch = tuple[str, list[bytes], int]  # topic, encoded messages, due monotonic ns (0: ready)
 
 
@@ -52,8 +52,9 @@ def rescue(opts: NsqdOptions, shards: int, owner: Callable[[str], int], topics: 
     ``topics`` is nsqd.dat's list, extended (and saved) with the topics it had not. Returns
     the names of rings that must be kept because their batches could not be stored."""
     keep: set[str] = set()
+    prefix = ring_name(opts.data_dir, 0, 1)[:-len("0-1")]  # a queue's has kind "topic"/"channel"
     for name in list_segments(opts.data_dir):
-        match = _PAIR.search(name)
+        match = _PAIR.fullmatch(name[len(prefix):]) if name.startswith(prefix) else None
         if match is None:
             continue
         src, dst = int(match[1]), int(match[2])
