@@ -4,8 +4,10 @@ Theory of operation
 -------------------
 ``Supervisor(opts, shards)`` does what must happen once per node, in the constructor so that
 port 0 works and errors are one line: lock the data path, read ``nsqd.dat``, load the
-placement table (``placement.py``) and place every known topic, bind TCP and HTTP, create the
-inbound rings (``shard/crossshard.py``), one heartbeat page and one eventfd per shard.
+placement table (``placement.py``) and place every known topic, store on disk what leftover
+inbound rings of a run with another shard count hold (``leftover_rings.py``), bind TCP and
+HTTP, create the inbound rings (``shard/crossshard.py``), one heartbeat page and one eventfd
+per shard.
 
 ``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
 interpreter, never a fork of a running loop) with the listening HTTP socket and the rest
