@@ -17,6 +17,7 @@ from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.crossshard import decode_batch, encode_batch, ring_name
 from pynsqd.shard.node import make_backend
 from pynsqd.shm import sidecar, store
+from pynsqd.shm.ring import HEADER_SIZE as RING_HEADER_SIZE
 from pynsqd.shm.ring import ByteRing
 from pynsqd.shm.segment import Segment, list_segments, segment_name, unlink_segment
 from pynsqd.supervisor import leftover_rings
@@ -227,5 +228,22 @@ def test_a_leftover_ring_of_another_shard_count_goes_to_disk_and_a_look_alike_qu
         log_.close()
         for seg in (segment, ring_seg):
             seg.close()
+        for name in list_segments(data):
+            unlink_segment(name)
+
+
+def test_a_corrupt_leftover_ring_is_logged_and_removed_not_a_failed_start(tmp_path: Path) -> None:
+    data = str(tmp_path)
+    seg = Segment.open(ring_name(data, 2, 0), 1 << 16, create=True)
+    try:
+        ring = ByteRing(seg.buf, init=True)
+        assert ring.put(encode_batch("t", [b"x" * 40], 1, 0))
+        ring.close()
+        seg.buf[RING_HEADER_SIZE:RING_HEADER_SIZE + 8] = b"\xff" * 8  # the record's length frame
+        topics: list[Any] = []
+        assert leftover_rings.rescue(NsqdOptions(data_path=data), 2, lambda topic: 0, topics) == set()
+        assert topics == [] and ring_name(data, 2, 0) not in list_segments(data)
+    finally:
+        seg.close()
         for name in list_segments(data):
             unlink_segment(name)

@@ -17,9 +17,10 @@ it. Only then is the ring emptied (consumed, or unlinked when it is no pair of t
 A crash in between stores the batches again at the next start: duplicates, never loss.
 
 ``#ephemeral`` topics have no disk files: their batches are dropped (logged), as nsqd
-loses ephemeral messages on any restart. A segment that is not a valid ring is unlinked
-(logged). A disk write that fails leaves the ring as it is (logged): ``rescue`` returns its
-name and the caller's sweep must keep it, so the next start tries again.
+loses ephemeral messages on any restart. A segment that is not a valid ring, or a ring
+with a corrupt record length, is unlinked or reset (logged). A disk write that fails leaves
+the ring as it is (logged): ``rescue`` returns its name and the caller's sweep must keep it,
+so the next start tries again.
 """
 
 from __future__ import annotations
@@ -79,7 +80,13 @@ def _rescue_ring(opts: NsqdOptions, name: str, segment: Segment, current: bool, 
         segment.unlink()
         return
     try:
-        records = ring.peek_many(len(ring)) if len(ring) else []
+        try:
+            records = ring.peek_many(len(ring)) if len(ring) else []
+        except RingError as exc:  # a corrupt record length: nothing after it can be read
+            log.error("inbound ring %s is corrupt (%s); its records are lost", name, exc)
+            if current:
+                ring.reset()
+            records = []
         batches = []
         for data in records:
             try:
