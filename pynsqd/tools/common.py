@@ -187,7 +187,7 @@ async def consume_until(stop: asyncio.Event, consumers: Sequence[Consumer]) -> N
 class Tool(Generic[T]):
     """One utility: ``check`` raises ``UsageError`` for options it cannot run with; ``body``
     runs until done or until the stop event is set, and returns the exit status. Logs go to
-    stderr prefixed ``[prog] `` at ``log_level``, unless ``logging`` sets them up itself."""
+    stderr prefixed ``[prog] `` at ``log_level``, unless ``setup_logs`` sets them up itself."""
 
     prog: str
     options: type[T]
@@ -195,7 +195,7 @@ class Tool(Generic[T]):
     check: Callable[[T], None]
     body: Callable[[T, asyncio.Event], Awaitable[int]]
     log_level: str = "info"
-    logging: Callable[[T], None] | None = None
+    setup_logs: Callable[[T], None] | None = None
 
     def run(self, argv: list[str]) -> int:
         opts, version = resolve(self.options, argv, self.prog, self.description)
@@ -203,8 +203,8 @@ class Tool(Generic[T]):
             print(version_string(self.prog))
             return 0
         self.check(opts)
-        if self.logging is not None:
-            self.logging(opts)
+        if self.setup_logs is not None:
+            self.setup_logs(opts)
         else:
             logs.setup(f"[{self.prog}] ", self.log_level)
         return run(lambda stop: self.body(opts, stop))

@@ -210,7 +210,7 @@ def check(opts: Options) -> None:
 
 
 TOOL = common.Tool(PROG, Options, "consume topics and write them to newline-delimited files", check, main_async,
-                   logging=lambda opts: common.setup_logging_prefix(opts.log_prefix, opts.log_level))
+                   setup_logs=lambda opts: common.setup_logging_prefix(opts.log_prefix, opts.log_level))
 run, main = TOOL.run, TOOL.main
 
 
