@@ -60,6 +60,15 @@
       "</tbody>" + (foot || "") + "</table>";
   }
 
+  // A channel's queue figures and client count, one cell each (QUEUE_HEADS, then "Clients"),
+  // from any object that has them: a channel, a channel on one node, a channel's total.
+  function channelCells(c) {
+    return stat("depth", c.depth) + stat("memory_depth", c.memory_depth) + stat("backend_depth", c.backend_depth) +
+      stat("in_flight_count", c.in_flight_count) + stat("deferred_count", c.deferred_count) +
+      stat("requeue_count", c.requeue_count) + stat("timeout_count", c.timeout_count) +
+      stat("message_count", c.message_count) + stat("client_count", c.client_count);
+  }
+
   // The columns of a node's or channel's queue figures, as every per-node table starts them.
   var QUEUE_HEADS = ["Depth", "Memory", "Disk", "In flight", "Deferred", "Requeued", "Timed out", "Messages"];
 
@@ -254,11 +263,7 @@
       var channels = (t.channels || []).map(function (c) {
         return '<tr data-channel="' + esc(c.channel_name) + '"><td><a href="' +
           url("topics/" + enc(p.topic) + "/" + enc(c.channel_name)) + '">' + esc(c.channel_name) + "</a>" +
-          badge(c.paused) + "</td>" + stat("depth", c.depth) + stat("memory_depth", c.memory_depth) +
-          stat("backend_depth", c.backend_depth) + stat("in_flight_count", c.in_flight_count) +
-          stat("deferred_count", c.deferred_count) + stat("requeue_count", c.requeue_count) +
-          stat("timeout_count", c.timeout_count) + stat("message_count", c.message_count) +
-          stat("client_count", c.client_count) + "<td>" + sparkline((rates.channels || {})[c.channel_name]) +
+          badge(c.paused) + "</td>" + channelCells(c) + "<td>" + sparkline((rates.channels || {})[c.channel_name]) +
           '</td><td class="lat">' + latency(c.e2e_processing_latency) + "</td></tr>";
       });
       return '<div class="cards">' + card("Depth", t.depth, "depth") + card("In memory", t.memory_depth, "memory_depth") +
@@ -295,11 +300,7 @@
       var nodes = (c.nodes || []).map(function (n) {
         return '<tr data-node="' + esc(n.node) + '"><td><a href="' + url("nodes/" + enc(n.node)) + '">' +
           esc(n.hostname || n.node) + '</a> <span class="muted">' + esc(n.node) + "</span>" + badge(n.paused) +
-          "</td>" + stat("depth", n.depth) + stat("memory_depth", n.memory_depth) +
-          stat("backend_depth", n.backend_depth) + stat("in_flight_count", n.in_flight_count) +
-          stat("deferred_count", n.deferred_count) + stat("requeue_count", n.requeue_count) +
-          stat("timeout_count", n.timeout_count) + stat("message_count", n.message_count) +
-          stat("client_count", n.client_count) + '<td class="lat">' + latency(n.e2e_processing_latency) + "</td></tr>";
+          "</td>" + channelCells(n) + '<td class="lat">' + latency(n.e2e_processing_latency) + "</td></tr>";
       });
       var clients = (c.clients || []).map(function (k) {
         var comp = [k.deflate ? "deflate" : "", k.snappy ? "snappy" : ""].filter(Boolean).join(", ") || "none";
@@ -317,12 +318,8 @@
         card("Timed out", c.timeout_count, "timeout_count") + card("Messages", c.message_count, "message_count") +
         card("Clients", c.client_count, "client_count") + "</div>" +
         "<h2>Nodes</h2>" + grid(["Node"].concat(QUEUE_HEADS, ["Clients", "E2E latency"]), nodes, "no producers",
-          '<tfoot><tr data-node="*"><td>Total</td>' + stat("depth", c.depth) + stat("memory_depth", c.memory_depth) +
-          stat("backend_depth", c.backend_depth) + stat("in_flight_count", c.in_flight_count) +
-          stat("deferred_count", c.deferred_count) + stat("requeue_count", c.requeue_count) +
-          stat("timeout_count", c.timeout_count) + stat("message_count", c.message_count) +
-          stat("client_count", c.client_count) + '<td class="lat">' + latency(c.e2e_processing_latency) +
-          "</td></tr></tfoot>") +
+          '<tfoot><tr data-node="*"><td>Total</td>' + channelCells(c) + '<td class="lat">' +
+          latency(c.e2e_processing_latency) + "</td></tr></tfoot>") +
         "<h2>Clients</h2>" + grid(["Node", "Client ID", "Host", "User agent", "Version", "TLS", "Compression", "RDY",
           "In flight", "Finished", "Requeued", "Messages", "Connected"], clients, "no clients");
     }
@@ -372,11 +369,7 @@
         t.channels.forEach(function (c) {
           rows.push('<tr class="sub" data-channel="' + esc(t.topic_name + "/" + c.channel_name) + '"><td><a href="' +
             url("topics/" + enc(t.topic_name) + "/" + enc(c.channel_name)) + '">' + esc(c.channel_name) + "</a>" +
-            badge(c.paused) + "</td>" + stat("depth", c.depth) + stat("memory_depth", c.memory_depth) +
-            stat("backend_depth", c.backend_depth) + stat("in_flight_count", c.in_flight_count) +
-            stat("deferred_count", c.deferred_count) + stat("requeue_count", c.requeue_count) +
-            stat("timeout_count", c.timeout_count) + stat("message_count", c.message_count) +
-            stat("client_count", c.client_count) + "</tr>");
+            badge(c.paused) + "</td>" + channelCells(c) + "</tr>");
         });
       });
       return '<div class="cards">' + card("Messages", res.total_messages, "total_messages") +
