@@ -14,7 +14,11 @@ channel (the channels exist before publishing), then:
          the local one's — the cost of a cross-shard publish
 
 Server CPU is the supervisor plus every shard process (psutil, children included). Each figure
-is msgs/s, MB/s, server CPU µs per message; ``--repeat 3`` prints medians.
+is msgs/s, MB/s, server CPU µs per message (and, for sub, the load processes' own CPU µs per
+message: when server plus client CPU fill both cores, the client is part of the limit);
+``--repeat 3`` prints medians. ``--phases pub,sub`` skips the local/cross phases;
+``--profile DIR`` records each shard process with py-spy during the sub phase (py-spy must be
+installed: ``.venv/bin/pip install py-spy``; a dev tool, not a dependency).
 
   .venv/bin/python bench/bench_shards.py --runfor 8 --repeat 3
 """
@@ -25,7 +29,9 @@ import argparse
 import multiprocessing as mp
 import os
 import selectors
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_tcp import Meter, _connect, _read_response, answer_frames  # noqa: E402
-from bench.common import Figures, add_load_args, report, start_node  # noqa: E402
+from bench.bench_tcp import Meter, _connect, _read_response, fin_frames  # noqa: E402
+from bench.common import Figures, add_load_args, remove_segments, report, start_node  # noqa: E402
 from pynsqd.wire.commands import encode_mpub, encode_rdy, encode_sub  # noqa: E402
 
 TOPICS = [f"many{i:02d}" for i in range(32)]
@@ -92,13 +98,14 @@ def consumers(addr: tuple[str, int], topics: list[str], runfor: float, total: in
                 continue
             buf = bufs[sock]
             buf += data
-            fins, _ = answer_frames(buf)
-            if fins:
-                count += len(fins)
+            answer, messages = fin_frames(buf)
+            if answer:
+                count += messages
                 sock.setblocking(True)
-                sock.sendall(b"".join(fins))
+                sock.sendall(answer)
                 sock.setblocking(False)
-    out.put((count, first, last))
+    cpu = os.times()
+    out.put((count, first, last, cpu.user + cpu.system))
     for sock in bufs:
         sock.close()
 
@@ -117,8 +124,23 @@ def _phase(name: str, procs: list[mp.Process], q: mp.Queue, meter: Meter,  # typ
         elapsed = max(r[2] for r in results) - min(r[1] for r in results if r[1])
     count = sum(r[0] if isinstance(r, tuple) else r for r in results)
     cpu = meter.cpu() - cpu0
-    return {"msgs": count, "msgs_s": count / elapsed, "mb_s": count * size / elapsed / 2**20,
-            "cpu_us_per_msg": cpu / max(count, 1) * 1e6}
+    figures = {"msgs": count, "msgs_s": count / elapsed, "mb_s": count * size / elapsed / 2**20,
+               "cpu_us_per_msg": cpu / max(count, 1) * 1e6}
+    if isinstance(results[0], tuple):
+        figures["client_us_per_msg"] = sum(r[3] for r in results) / max(count, 1) * 1e6
+    return figures
+
+
+def _profile(meter: Meter, out_dir: str | None, seconds: float) -> list[subprocess.Popen[bytes]]:
+    """py-spy recorders, one per shard process, for ``seconds`` (none without ``--profile``)."""
+    if not out_dir:
+        return []
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    os.makedirs(out_dir, exist_ok=True)
+    return [subprocess.Popen([spy, "record", "-p", str(p.pid), "-d", str(max(1, int(seconds))), "-r", "200",
+                              "-f", "raw", "-o", f"{out_dir}/shard-{p.pid}.txt"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for p in meter.proc.children(recursive=True)]
 
 
 def _owners(data: str) -> dict[str, int]:
@@ -154,8 +176,11 @@ def one_node(args: argparse.Namespace, shards: int) -> Figures:
             per = len(TOPICS) // args.workers
             subs = [ctx.Process(target=consumers, args=(addr, TOPICS[w * per:(w + 1) * per], args.runfor * 3,
                                                          total, start, q)) for w in range(args.workers)]
+            spies = _profile(meter, args.profile and f"{args.profile}/s{shards}", args.runfor)
             figures[f"{tag}_sub"] = _phase("sub", subs, q, meter, args.size)
-            if shards > 1:
+            for spy in spies:
+                spy.wait(60)
+            if shards > 1 and "local" in args.phases:
                 owners = _owners(data)
                 home = [t for t in TOPICS if owners[t] == owners[TOPICS[0]]]
                 away = [t for t in TOPICS if owners[t] != owners[TOPICS[0]]]
@@ -173,6 +198,7 @@ def one_node(args: argparse.Namespace, shards: int) -> Figures:
         finally:
             proc.terminate()
             proc.wait(60)
+            remove_segments(data)
     return figures
 
 
@@ -193,6 +219,9 @@ def main() -> None:
     parser.add_argument("--runfor", type=float, default=8.0, help="seconds of the pub phase")
     add_load_args(parser)
     parser.add_argument("--shards", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
+    parser.add_argument("--phases", type=lambda s: s.split(","), default=["pub", "sub", "local", "cross"],
+                        help="pub,sub always run; add local,cross for the cross-shard figures")
+    parser.add_argument("--profile", default="", help="directory for py-spy profiles of the sub phase")
     args = parser.parse_args()
     report(one_run, args, f"32 topics x 1 channel, {args.size}-byte messages, MPUB batch {args.batch}")
 

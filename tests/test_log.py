@@ -3,6 +3,7 @@ spill/refill over a real disk queue, without a server."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,63 @@ def test_requeue_in_place_and_relocation_of_a_long_lived_front(tmp_path: Path) -
     queue.requeue(new_pos)
     assert queue.log.message_at(new_pos)[0] == READY
     assert queue.take(5)[1] == [messages[0][:8] + b"\x00\x01" + messages[0][10:]]
+
+
+def _frames(out: bytes) -> list[tuple[int, bytes]]:
+    """(frame type, body) of each NSQ frame in ``out``."""
+    frames = []
+    pos = 0
+    while pos < len(out):
+        size, kind = struct.unpack_from(">ii", out, pos)
+        frames.append((kind, out[pos + 8:pos + 4 + size]))
+        pos += 4 + size
+    return frames
+
+
+def _with_attempts(message: bytes, attempts: int) -> bytes:
+    return message[:ATTEMPTS_OFFSET] + ATTEMPTS.pack(attempts) + message[ATTEMPTS_OFFSET + 2:]
+
+
+def test_deliver_ready_marks_counts_attempts_and_writes_frames_in_one_pass() -> None:
+    _, log = new_log()
+    log.append_ready([msg(i, size=10 + i) for i in range(5)])
+    skipped, _, _ = log.walk(0, 2)
+    log.set_state(skipped[1], DONE)  # not ready: skipped
+    out = bytearray(b"kept")
+    ids: list[bytes] = []
+    positions, cursor = log.deliver_ready(0, 3, out, ids)
+    assert len(positions) == 3 and ids == [b"%016d" % i for i in (0, 2, 3)]
+    assert out[:4] == b"kept"
+    assert _frames(bytes(out[4:])) == [(2, _with_attempts(msg(i, size=10 + i), 1)) for i in (0, 2, 3)]
+    for pos, i in zip(positions, (0, 2, 3)):  # the log holds the same, in flight
+        assert log.message_at(pos) == (IN_FLIGHT, 0, _with_attempts(msg(i, size=10 + i), 1))
+    rest, _ = log.deliver_ready(cursor, 10, bytearray(), [])
+    assert len(rest) == 1 and log.deliver_ready(cursor, 10, bytearray(), [])[0] == []
+
+
+def test_deliver_at_requeued_records_carries_attempts_past_255() -> None:
+    _, log = new_log()
+    log.append_ready([_with_attempts(msg(1), 255), msg(2)])
+    positions, _, _ = log.walk(0, 2)
+    out = bytearray()
+    ids: list[bytes] = []
+    log.deliver_at(positions[::-1], out, ids)
+    assert ids == [b"%016d" % 2, b"%016d" % 1]
+    assert _frames(bytes(out)) == [(2, _with_attempts(msg(2), 1)), (2, _with_attempts(msg(1), 256))]
+    assert log.message_at(positions[0])[:2] == (IN_FLIGHT, 0)
+
+
+def test_deliver_ready_across_the_wrap() -> None:
+    _, log = new_log(capacity=1024)
+    log.append_ready([msg(i, size=100) for i in range(6)])  # 6 x 160-byte frames
+    positions, _, _ = log.walk(0, 6)
+    for pos in positions[:5]:
+        log.set_state(pos, DONE)
+    log.release()
+    assert log.append_ready([msg(i, size=100) for i in range(6, 9)]) == 3  # wraps to the start
+    out = bytearray()
+    ids: list[bytes] = []
+    delivered, _ = log.deliver_ready(0, 10, out, ids)
+    assert ids == [b"%016d" % i for i in (5, 6, 7, 8)]
+    assert delivered[0] > delivered[1]  # the second run starts at the front of the area
+    assert [body for _, body in _frames(bytes(out))] == [_with_attempts(msg(i, size=100), 1) for i in (5, 6, 7, 8)]

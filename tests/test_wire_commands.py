@@ -11,6 +11,8 @@ import struct
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pynsqd.wire import commands as c
 from pynsqd.wire.commands import CommandParser, ms_to_duration_ns, parse_base10
@@ -417,3 +419,59 @@ def test_mpub_declared_size_is_4_plus_parts() -> None:
     # 11 x 100: 4 + 11 * (4 + 100) = 1148, the figure in TestSizeLimits
     wire = c.encode_mpub("t", [b"x" * 100] * 11)
     assert struct.unpack_from(">i", wire, len(b"MPUB t\n"))[0] == 1148
+
+
+# --- the server's FIN fast path (fin_runs=True) -------------------------------------------
+
+_FIN_POOL = [
+    b"FIN 0123456789abcdef\n", b"FIN fedcba9876543210\n",  # well-formed
+    b"FIN 0123456789abcde\n",                               # short id: E_INVALID in the server
+    b"FIN 0123456789abcdef\r\n",                            # CR: the ordinary path strips it
+    b"FIN 0123456789abcdef extra\n",                        # extra parameter: nsqd ignores it
+    b"FIN 0123456789 bcdef\n",                              # a space inside the 16 bytes
+    b"FIN 0123456789abcde\r\n",                             # CR right after 15 bytes
+    b"FIN\n", b"FINX 0123456789abcdef\n", b"RDY 5\n", b"NOP\n",
+    b"PUB t\n" + struct.pack(">i", 3) + b"abc",
+]
+
+
+def _expand(items: list[Any]) -> list[Any]:
+    """FIN_RUN commands as the FIN commands they stand for."""
+    out: list[Any] = []
+    for item in norm(items):
+        if item[0] == c.FIN_RUN:
+            out += [(b"FIN", [b"FIN", msg_id], None) for msg_id in item[1]]
+        else:
+            out.append(item)
+    return out
+
+
+@given(st.lists(st.sampled_from(_FIN_POOL), max_size=30), st.lists(st.integers(0, 800), max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_fin_runs_parse_as_the_lines_they_are(lines: list[bytes], cuts: list[int]) -> None:
+    data = b"".join(lines)
+    expected = norm(CommandParser().feed(data))
+    fast = CommandParser(fin_runs=True)
+    got: list[Any] = []
+    start = 0
+    for cut in [*sorted({min(cut, len(data)) for cut in cuts}), len(data)]:
+        got += fast.feed(data[start:cut])
+        start = cut
+    assert _expand(got) == expected
+    # what a relay hands on re-parses to the same commands
+    again = b"".join(c.encode_command(*item) for item in got if not isinstance(item, ProtocolError))
+    assert norm(CommandParser().feed(again)) == [e for e in expected if e[0] != "ERROR"]
+
+
+def test_a_run_of_fins_is_one_command_and_never_the_slow_path() -> None:
+    ids = [b"%016d" % i for i in range(500)]
+    data = b"".join(b"FIN " + i + b"\n" for i in ids)
+    assert CommandParser(fin_runs=True).feed(data) == [(c.FIN_RUN, ids, None)]
+    assert b" " not in c.FIN_RUN and b"\n" in c.FIN_RUN  # no client can send this name
+    assert CommandParser().feed(data)[0] == (b"FIN", [b"FIN", ids[0]], None)  # off by default
+
+
+def test_fin_runs_keep_a_tiny_line_limit() -> None:
+    # a FIN line (21 bytes) is too long for max_line=10 on both paths
+    assert norm(CommandParser(max_line=10, fin_runs=True).feed(b"FIN 0123456789abcdef\n")) == [
+        ("ERROR", "E_INVALID", "command line too long")]

@@ -21,9 +21,17 @@ REQ with a delay marks it deferred with its wall-clock due time, FIN marks it do
 in-memory tables below (``in_flight``, ``deferred``) hold each record's position; a
 restarted process rebuilds them from the log (``recover``).
 
+The hot path works per batch, never per message object: a delivery of up to ``CHUNK``
+messages walks the log once (``MessageQueue.deliver``: mark in flight, count attempts, and
+append the NSQ frames straight to the consumer's output buffer), then adds one dict entry
+per id (filled in C) and one ``Delivery`` to the timeout wheel (``pynsqd.shard.inflight``);
+a run of FINs read in one go is one ``finish_many`` call (two dict pops and one state byte
+per id, one pump scheduled).
+
 Consumers are duck-typed (``pynsqd.shard.protocol.ClientV2``); the channel uses their
-``capacity()``, ``deliver(records, now)``, ``in_flight`` table and counters, and
-``close_for_channel_delete()``.
+``capacity()``, ``output()`` (the buffer frames go to), ``delivered(count)``,
+``deliver(messages)`` (sampled deliveries), ``in_flight_count``, ``finish_count``,
+``requeue_count``, ``msg_timeout``, ``sample_rate``, and ``close_for_channel_delete()``.
 """
 
 from __future__ import annotations
@@ -34,11 +42,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pynsqd.shard.inflight import DeferredQueue, InFlight
+from pynsqd.shard.inflight import NO_IDS, DeferredQueue, Delivery, TimeoutWheel
 from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import MessageQueue
-from pynsqd.shm.log import DEFERRED, IN_FLIGHT
-from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, ID_OFFSET, with_attempts
+from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT
+from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, ID_OFFSET
 from pynsqd.wire.names import is_ephemeral
 
 log = logging.getLogger("pynsqd.shard")
@@ -64,7 +72,9 @@ class Channel:
         queue.on_move = self._moved
         self.deferred = DeferredQueue()
         self.deferred_at: dict[bytes, int] = {}  # message id → log position (-1: memory only)
-        self.in_flight: dict[bytes, InFlight] = {}
+        self.in_flight: dict[bytes, Delivery] = {}  # message id → its delivery
+        self.in_flight_pos: dict[bytes, int] = {}  # message id → log position
+        self.timeouts = TimeoutWheel()
         self.consumers: list[Any] = []
         self.paused = False
         self.deleted = False
@@ -92,9 +102,8 @@ class Channel:
         """The log moved a live record (to free its front)."""
         msg_id = record[ID_OFFSET:ID_OFFSET + 16]
         if state == IN_FLIGHT:
-            entry = self.in_flight.get(msg_id)
-            if entry is not None and entry.pos == old:
-                entry.pos = new
+            if self.in_flight_pos.get(msg_id) == old:
+                self.in_flight_pos[msg_id] = new
                 return
         elif state == DEFERRED and self.deferred_at.get(msg_id) == old:
             self.deferred_at[msg_id] = new
@@ -141,11 +150,13 @@ class Channel:
             self.consumers.remove(client)
         except ValueError:
             return
-        returned = client.in_flight.drain()
+        client.in_flight_count = 0
+        in_flight = self.in_flight
+        returned = [msg_id for msg_id, delivery in in_flight.items() if delivery.client is client]
         if returned:
-            for msg_id, entry in returned:
-                self.in_flight.pop(msg_id, None)
-                self.queue.requeue(entry.pos)
+            for msg_id in returned:
+                in_flight.pop(msg_id).settle()
+                self.queue.requeue(self.in_flight_pos.pop(msg_id))
             self.timeout_count += len(returned)
             if self.consumers:
                 self._schedule(self)
@@ -173,76 +184,128 @@ class Channel:
                 room = client.capacity()
                 if room <= 0:
                     continue
-                positions, records = queue.take(min(room, CHUNK))
-                if not records:
+                if not self._deliver(client, min(room, CHUNK), now):
                     return
-                self._deliver(client, positions, records, now)
                 delivered = True
 
-    def _deliver(self, client: Any, positions: list[int], records: list[bytes], now: int) -> None:
-        sample = client.sample_rate
-        if sample:
-            keep = [random.randrange(100) <= sample for _ in records]
-            for pos, kept in zip(positions, keep):
-                if not kept:
-                    self.queue.finish(pos)  # sampled out: consumed, as nsqd does
-            records = [r for r, kept in zip(records, keep) if kept]
-            positions = [p for p, kept in zip(positions, keep) if kept]
-            if len(keep) != len(records):
-                log.debug("%r: sampled out %d messages for %s", self, len(keep) - len(records), client)
-        deadline = now + client.msg_timeout
+    def _deliver(self, client: Any, count: int, now: int) -> bool:
+        """Hand ``client`` up to ``count`` ready messages; False when none was ready."""
+        if client.sample_rate:
+            return self._deliver_sampled(client, count, now)
+        ids: list[bytes] = []
+        positions = self.queue.deliver(count, client.output(), ids)
+        if not positions:
+            return False
+        self._hold(client, ids, positions, now)
+        client.delivered(len(positions))
+        return True
+
+    def _hold(self, client: Any, ids: list[bytes], positions: list[int], now: int) -> None:
+        """``ids`` (at ``positions``) are in flight at ``client`` from ``now``."""
+        delivery = Delivery(ids, client, now, now + client.msg_timeout)
+        self.timeouts.add(delivery)
         in_flight = self.in_flight
-        table = client.in_flight
+        held = len(in_flight)
+        in_flight.update(dict.fromkeys(ids, delivery))
+        self.in_flight_pos.update(zip(ids, positions))
+        client.in_flight_count += len(in_flight) - held  # a duplicate id counts once, as FIN will
+
+    def _deliver_sampled(self, client: Any, count: int, now: int) -> bool:
+        """``--sample-rate``: each message is delivered with that chance, else consumed."""
+        positions, records = self.queue.take(count)
+        if not records:
+            return False
+        sample = client.sample_rate
         mark = self.queue.log.deliver
+        ids: list[bytes] = []
+        kept: list[int] = []
         out: list[tuple[bytes, int]] = []
         for pos, record in zip(positions, records):
-            msg_id = record[ID_OFFSET:ID_OFFSET + 16]
+            if random.randrange(100) > sample:
+                self.queue.finish(pos)  # sampled out: consumed, as nsqd does
+                continue
             attempts = _unpack_attempts(record, ATTEMPTS_OFFSET)[0] + 1
             mark(pos, attempts)
-            entry = InFlight(record, client, attempts, now, deadline, pos)
-            in_flight[msg_id] = entry
-            table.add(msg_id, entry)
+            ids.append(record[ID_OFFSET:ID_OFFSET + 16])
+            kept.append(pos)
             out.append((record, attempts))
-        client.deliver(out)
+        if len(kept) != len(records):
+            log.debug("%r: sampled out %d messages for %s", self, len(records) - len(kept), client)
+        if kept:
+            self._hold(client, ids, kept, now)
+            client.deliver(out)
+        return True
 
     # --- FIN / REQ / TOUCH ----------------------------------------------------------------
-    def _pop_in_flight(self, client: Any, msg_id: bytes) -> InFlight:
-        entry = self.in_flight.get(msg_id)
-        if entry is None:
+    def _get_in_flight(self, client: Any, msg_id: bytes) -> Delivery:
+        delivery = self.in_flight.get(msg_id)
+        if delivery is None:
             raise ChannelError("ID not in flight")
-        if entry.client is not client:
+        if delivery.client is not client:
             raise ChannelError("client does not own message")
+        return delivery
+
+    def _pop_in_flight(self, client: Any, msg_id: bytes) -> int:
+        """Take ``msg_id`` out of flight; its log position."""
+        self._get_in_flight(client, msg_id).settle()
         del self.in_flight[msg_id]
-        client.in_flight.remove(msg_id)
-        return entry
+        client.in_flight_count -= 1
+        return self.in_flight_pos.pop(msg_id)
 
     def finish(self, client: Any, msg_id: bytes) -> None:
-        entry = self._pop_in_flight(client, msg_id)
-        self.queue.finish(entry.pos)
-        if self.e2e is not None:
-            self.e2e.add_record(entry.record)
-        client.finish_count += 1
-        self.notify_ready()
+        """FIN one message; raises ``ChannelError`` with nsqd's reason."""
+        failed = self.finish_many(client, [msg_id])
+        if failed:
+            raise ChannelError(failed[0][1])
+
+    def finish_many(self, client: Any, ids: list[bytes]) -> list[tuple[bytes, str]]:
+        """FIN each of ``ids`` in order; returns [(id, nsqd's reason)] of those that failed."""
+        in_flight = self.in_flight
+        pop_pos = self.in_flight_pos.pop
+        states = self.queue.log.states
+        e2e = self.e2e
+        failed: list[tuple[bytes, str]] = []
+        done = 0
+        for msg_id in ids:
+            delivery = in_flight.get(msg_id)
+            if delivery is None or delivery.client is not client:
+                failed.append((msg_id, "ID not in flight" if delivery is None else "client does not own message"))
+                continue
+            del in_flight[msg_id]
+            delivery.live -= 1  # delivery.settle(), inline
+            if not delivery.live:
+                delivery.ids = NO_IDS
+            pos = pop_pos(msg_id)
+            if e2e is not None:
+                e2e.add_timestamp(self.queue.log.timestamp_at(pos))
+            states[pos] = DONE
+            done += 1
+        if done:
+            self.queue.finished(done)
+            client.in_flight_count -= done
+            client.finish_count += done
+            self.notify_ready()
+        return failed
 
     def requeue(self, client: Any, msg_id: bytes, delay: int, now: int) -> None:
         """REQ: back to the queue now (``delay`` 0) or after ``delay`` ns."""
-        entry = self._pop_in_flight(client, msg_id)
+        pos = self._pop_in_flight(client, msg_id)
         client.requeue_count += 1
         self.requeue_count += 1
         if delay > 0:
-            self._defer(with_attempts(entry.record, entry.attempts), now + delay, entry.pos)
+            # the log's copy carries this delivery's attempts (written in place)
+            self._defer(self.queue.log.message_at(pos)[2], now + delay, pos)
         else:
-            self.queue.requeue(entry.pos)
+            self.queue.requeue(pos)
         self.notify_ready()
 
     def touch(self, client: Any, msg_id: bytes, now: int, max_msg_timeout: int) -> None:
-        entry = self.in_flight.get(msg_id)
-        if entry is None:
-            raise ChannelError("ID not in flight")
-        if entry.client is not client:
-            raise ChannelError("client does not own message")
-        deadline = min(now + client.msg_timeout, entry.delivered + max_msg_timeout)
-        client.in_flight.touch(msg_id, deadline)
+        old = self._get_in_flight(client, msg_id)
+        old.settle()
+        moved = Delivery([msg_id], client, old.delivered,
+                         min(now + client.msg_timeout, old.delivered + max_msg_timeout))
+        self.timeouts.add(moved)
+        self.in_flight[msg_id] = moved
 
     def _undefer(self, records: list[bytes]) -> None:
         """Due deferred messages become ready (in place when they have a log record)."""
@@ -272,10 +335,13 @@ class Channel:
         Returns True when anything changed (nsqd's "dirty" channel)."""
         expired = 0
         requeue = self.queue.requeue
-        for client in self.consumers:
-            for msg_id, entry in client.in_flight.expired(now):
-                self.in_flight.pop(msg_id, None)
-                requeue(entry.pos)
+        in_flight = self.in_flight
+        for msg_id in self.timeouts.pop_due(now):
+            delivery = in_flight.get(msg_id)
+            if delivery is not None and delivery.deadline <= now:
+                del in_flight[msg_id]
+                delivery.client.in_flight_count -= 1
+                requeue(self.in_flight_pos.pop(msg_id))
                 expired += 1
         self.timeout_count += expired
         due = self.deferred.pop_due(now)
@@ -291,17 +357,19 @@ class Channel:
 
     @property
     def has_timers(self) -> bool:
-        return bool(self.in_flight) or bool(len(self.deferred))
+        return bool(self.in_flight) or bool(len(self.deferred)) or bool(self.timeouts)
 
     # --- admin ----------------------------------------------------------------------------
     def empty(self) -> None:
         """Drop every message: queued, in flight and deferred (``/channel/empty``)."""
         self.queue.empty()
         self.in_flight.clear()
+        self.in_flight_pos.clear()
+        self.timeouts.clear()
         self.deferred.drain()
         self.deferred_at.clear()
         for client in self.consumers:
-            client.in_flight.drain()
+            client.in_flight_count = 0
             client.on_channel_timers()
 
     def pause(self) -> None:
@@ -328,8 +396,10 @@ class Channel:
                        if self.deferred_at.get(record[ID_OFFSET:ID_OFFSET + 16], -1) < 0]
         self.deferred_at.clear()
         self.in_flight.clear()
+        self.in_flight_pos.clear()
+        self.timeouts.clear()
         for client in self.consumers:
-            client.in_flight.drain()
+            client.in_flight_count = 0
         self.queue.close(deferred=memory_only)
 
     # --- stats ----------------------------------------------------------------------------

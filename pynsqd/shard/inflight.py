@@ -2,15 +2,22 @@
 
 Theory of operation
 -------------------
-*In flight.* A delivered message gets an ``InFlight`` record, kept in two maps: the
-channel's (id → record, to answer "not in flight" vs "not yours" exactly as nsqd does) and
-the consumer's ``InFlightTable`` (an ``OrderedDict`` in delivery order). Every message a
-consumer receives gets the same timeout (its negotiated ``msg_timeout``), so delivery order
-*is* deadline order: expiry is a look at the oldest entries, FIN is one ``pop``, and TOUCH
-moves an entry to the end (its new deadline, now + timeout, is the latest). That makes every
-operation O(1) — no heap, no per-message timer — at 150k messages a second. The one
-exception is a TOUCH capped by ``--max-msg-timeout``: its deadline may be earlier than
-entries before it, and it then expires when they do (at most one timeout late).
+*In flight.* A delivery of up to 256 messages to one consumer is one ``Delivery``: the
+consumer, the delivery time, the deadline (every message a consumer receives gets its
+negotiated ``msg_timeout``), its ids and how many of them are still in flight. The channel
+keeps two dicts keyed by message id, filled in C for a whole delivery
+(``dict.fromkeys(ids, delivery)``, ``zip(ids, positions)``): id → ``Delivery`` (answers FIN,
+REQ and TOUCH: "not in flight" vs "not yours", exactly as nsqd does) and id → log position.
+No object is made per message, so the garbage collector has nothing new to track.
+
+Deadlines live in a ``TimeoutWheel`` of slots ``GRANULARITY`` (10 ms) wide: a delivery goes
+in with one list append, not 256 heap pushes. FIN does not search the wheel: it counts its
+delivery down (``settle``), and a delivery that reaches 0 drops its ids, so finished messages
+hold no memory until their slot comes. An id whose entry is gone, or belongs to another
+delivery now (TOUCH moves the id to a new delivery of one, with a later deadline), is skipped
+when its slot comes due. Delivery and FIN are thus O(1) dict operations, expiry one look per
+id still held, batched per scan (nsqd: every 100 ms). A message times out at most one slot
+after its deadline, well inside nsqd's own 100 ms scan.
 
 *Deferred.* REQ with a delay and DPUB park messages until a due time. Due times arrive in
 any order, so they live in a binary heap ordered by (due, sequence).
@@ -22,70 +29,77 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict
 from typing import Any
 
+GRANULARITY = 10_000_000  # ns per wheel slot
+NO_IDS: list[bytes] = []
 
-class InFlight:
-    """One delivery of a message to one consumer."""
 
-    __slots__ = ("attempts", "client", "deadline", "delivered", "pos", "record")
+class Delivery:
+    """Messages handed to one consumer at once, sharing a deadline."""
 
-    def __init__(self, record: bytes, client: Any, attempts: int, delivered: int, deadline: int,
-                 pos: int = -1) -> None:
-        self.record = record        # the encoded message, attempts as stored before delivery
-        self.client = client        # the consumer that holds it
-        self.attempts = attempts    # attempts including this delivery
+    __slots__ = ("client", "deadline", "delivered", "ids", "live")
+
+    def __init__(self, ids: list[bytes], client: Any, delivered: int, deadline: int) -> None:
+        self.ids = ids              # their message ids (NO_IDS once none is in flight)
+        self.live = len(ids)        # how many of them are still in flight
+        self.client = client        # the consumer that holds them
         self.delivered = delivered  # monotonic ns of delivery (TOUCH is capped from here)
-        self.deadline = deadline    # monotonic ns when it times out
-        self.pos = pos              # position of its record in the channel's shared-memory log
+        self.deadline = deadline    # monotonic ns when they time out
+
+    def settle(self) -> None:
+        """One of the ids left flight (FIN, REQ, TOUCH); the last one frees the ids."""
+        self.live -= 1
+        if not self.live:
+            self.ids = NO_IDS
 
 
-class InFlightTable:
-    """One consumer's in-flight messages, oldest delivery first."""
+class TimeoutWheel:
+    """Deliveries by coarse deadline. ``pop_due`` returns the ids of every delivery whose
+    slot has come, oldest slot first, possibly including ids that were finished or moved
+    since (the caller checks its own table)."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_granularity", "_heap", "_slots")
 
-    def __init__(self) -> None:
-        self._entries: OrderedDict[bytes, InFlight] = OrderedDict()
+    def __init__(self, granularity: int = GRANULARITY) -> None:
+        self._granularity = granularity
+        self._slots: dict[int, list[Delivery]] = {}
+        self._heap: list[int] = []  # slot numbers, one entry per slot in ``_slots``
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        """Ids held (settled deliveries hold none)."""
+        return sum(len(d.ids) for deliveries in self._slots.values() for d in deliveries)
 
-    def add(self, msg_id: bytes, entry: InFlight) -> None:
-        self._entries[msg_id] = entry
+    def add(self, delivery: Delivery) -> None:
+        """Hold ``delivery`` until its deadline."""
+        slot = -(-delivery.deadline // self._granularity)  # rounded up: never early
+        deliveries = self._slots.get(slot)
+        if deliveries is None:
+            self._slots[slot] = [delivery]
+            heapq.heappush(self._heap, slot)
+        else:
+            deliveries.append(delivery)
 
-    def remove(self, msg_id: bytes) -> InFlight | None:
-        return self._entries.pop(msg_id, None)
-
-    def touch(self, msg_id: bytes, deadline: int) -> None:
-        """Give ``msg_id`` a new deadline (the latest of the table, but for a capped one)."""
-        entry = self._entries[msg_id]
-        entry.deadline = deadline
-        self._entries.move_to_end(msg_id)
-
-    def expired(self, now: int) -> list[tuple[bytes, InFlight]]:
-        """Remove and return the entries whose deadline has passed, oldest first."""
-        out: list[tuple[bytes, InFlight]] = []
-        entries = self._entries
-        while entries:
-            msg_id, entry = next(iter(entries.items()))
-            if entry.deadline > now:
-                break
-            entries.popitem(last=False)
-            out.append((msg_id, entry))
+    def pop_due(self, now: int) -> list[bytes]:
+        """Remove the deliveries of every slot that ended at or before ``now``; their ids."""
+        heap = self._heap
+        limit = now // self._granularity
+        out: list[bytes] = []
+        while heap and heap[0] <= limit:
+            for delivery in self._slots.pop(heapq.heappop(heap)):
+                out += delivery.ids
         return out
 
-    def drain(self) -> list[tuple[bytes, InFlight]]:
-        """Remove and return every entry (the consumer went away)."""
-        out = list(self._entries.items())
-        self._entries.clear()
-        return out
+    def next_due(self) -> int | None:
+        """When the first slot comes due (ns), or None when empty."""
+        return self._heap[0] * self._granularity if self._heap else None
 
-    def next_deadline(self) -> int | None:
-        if not self._entries:
-            return None
-        return next(iter(self._entries.values())).deadline
+    def clear(self) -> None:
+        self._slots.clear()
+        self._heap.clear()
 
 
 class DeferredQueue:

@@ -76,7 +76,10 @@ class LatencyWindow:
 
     def add_record(self, record: bytes, wall_now: int | None = None) -> None:
         """A message was finished: its record starts with the publish time (ns)."""
-        published = _TIMESTAMP.unpack_from(record)[0]
+        self.add_timestamp(_TIMESTAMP.unpack_from(record)[0], wall_now)
+
+    def add_timestamp(self, published: int, wall_now: int | None = None) -> None:
+        """A message published at ``published`` (wall-clock ns) was finished."""
         self._roll(time.monotonic_ns())
         self._halves[self._current].add(float((wall_now or time.time_ns()) - published))
 

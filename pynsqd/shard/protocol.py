@@ -48,10 +48,9 @@ from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.channel import Channel, ChannelError
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.identify import Settings, negotiate
-from pynsqd.shard.inflight import InFlightTable
 from pynsqd.shard.transport import NO_TLS, CompressedTransport, peer_common_name, start_tls, tls_info
 from pynsqd.wire import MAGIC_V2
-from pynsqd.wire.commands import Command, CommandParser, encode_command, ms_to_duration_ns, parse_base10
+from pynsqd.wire.commands import FIN_RUN, Command, CommandParser, encode_command, ms_to_duration_ns, parse_base10
 from pynsqd.wire.compression import Codec, CompressionError, make_codec
 from pynsqd.wire.errors import ProtocolError, go_quote
 from pynsqd.wire.frames import (
@@ -117,13 +116,14 @@ class ClientV2(asyncio.Protocol):
         self.state = STATE_INIT
         self.channel: Channel | None = None
         self.rdy = 0
-        self.in_flight = InFlightTable()
+        self.in_flight_count = 0  # messages of ours the channel holds in flight
         self.message_count = 0
         self.finish_count = 0
         self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}
         self.connect_ts = int(time.time())
-        self._parser = CommandParser(opts.max_msg_size, opts.max_body_size, opts.max_req_timeout // MS)
+        self._parser = CommandParser(opts.max_msg_size, opts.max_body_size, opts.max_req_timeout // MS,
+                                     fin_runs=True)
         self._magic = b""
         self._out = bytearray()
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -241,6 +241,14 @@ class ClientV2(asyncio.Protocol):
                 self._fatal(event)
                 return
             name, params, body = event
+            if name is FIN_RUN:  # several FINs read at once (the parser's fast path)
+                if (self.state not in (STATE_SUBSCRIBED, STATE_CLOSING) or self.channel is None
+                        or (self._tls_required and not self.tls)):
+                    # not the common case: one at a time, for each one's own error
+                    events.extendleft([(b"FIN", [b"FIN", msg_id], None) for msg_id in reversed(params)])
+                else:
+                    self._fin_many(params)
+                continue
             handler = self._handlers.get(name)
             try:
                 if self._tls_required and not self.tls and name != b"IDENTIFY":
@@ -381,16 +389,26 @@ class ClientV2(asyncio.Protocol):
     def capacity(self) -> int:
         if self.state != STATE_SUBSCRIBED or self._write_paused_at or self._closing:
             return 0
-        return self.rdy - len(self.in_flight)
+        return self.rdy - self.in_flight_count
+
+    def output(self) -> bytearray:
+        """The buffer message frames go to; call ``delivered`` after appending to it."""
+        return self._out
 
     def deliver(self, messages: list[tuple[bytes, int]]) -> None:
+        """Send encoded messages with their attempts (this delivery included)."""
         out = self._out
         for record, attempts in messages:
             pos = len(out)
             out += _pack_header(len(record) + 4, FRAME_MESSAGE)
             out += record
             _pack_attempts_into(out, pos + 16, attempts)
-        self.message_count += len(messages)
+        self.delivered(len(messages))
+
+    def delivered(self, count: int) -> None:
+        """``count`` message frames were appended to ``output()``: flush as nsqd would."""
+        self.message_count += count
+        out = self._out
         settings = self.settings
         if len(out) >= settings.output_buffer_size or self.capacity() <= 0:
             self._flush()
@@ -585,6 +603,13 @@ class ClientV2(asyncio.Protocol):
             self.channel.finish(self, msg_id)
         except ChannelError as exc:
             raise ProtocolError("E_FIN_FAILED", f"FIN {msg_id.decode('latin-1')} failed {exc}") from None
+
+    def _fin_many(self, ids: list[bytes]) -> None:
+        """FIN each of ``ids`` (valid 16-byte ids, subscribed); errors as ``_fin``'s."""
+        assert self.channel is not None
+        for msg_id, reason in self.channel.finish_many(self, ids):
+            self._send(encode_frame(FRAME_ERROR, ProtocolError(
+                "E_FIN_FAILED", f"FIN {msg_id.decode('latin-1')} failed {reason}").encode_text()))
 
     def _req(self, params: list[bytes], body: Any) -> None:
         msg_id = self._message_id("REQ", params, 3)

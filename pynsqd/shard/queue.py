@@ -234,19 +234,40 @@ class MessageQueue:
         """Up to ``count`` ready messages and their positions; the caller marks them."""
         if self.again:
             return self._take_again(count)
-        if self.ready:
+        if self.ready or self._refilled(count):
             positions, messages, self.cursor = self.log.walk(self.cursor, count)
             self.ready -= len(positions)
             if positions:
                 return positions, messages
             self.ready = 0  # the count drifted (it never should); trust the log
+        return [], []
+
+    def deliver(self, count: int, out: bytearray, ids: list[bytes]) -> list[int]:
+        """``take`` and mark in one pass: up to ``count`` ready messages become IN_FLIGHT
+        (attempts counted up in the log), their frames are appended to ``out`` and their
+        ids to ``ids``; returns their positions."""
+        log = self.log
+        if self.again:
+            again = self.again
+            positions = list(again) if len(again) <= count else list(again)[:count]
+            for pos in positions:
+                del again[pos]
+            log.deliver_at(positions, out, ids)
+        elif self.ready or self._refilled(count):
+            positions, self.cursor = log.deliver_ready(self.cursor, count, out, ids)
+            if not positions:
+                self.ready = 0  # the count drifted (it never should); trust the log
+                return positions
+        else:
+            return []
+        self.ready -= len(positions)
+        return positions
+
+    def _refilled(self, count: int) -> bool:
+        """Nothing ready in the log: move up to ``count`` from the backend; True if any."""
         if self.backend.depth:
             self._refill(count)
-            if self.ready:
-                positions, messages, self.cursor = self.log.walk(self.cursor, count)
-                self.ready -= len(positions)
-                return positions, messages
-        return [], []
+        return self.ready > 0
 
     def _refill(self, count: int) -> None:
         """Move up to ``count`` spilled messages from the backend into the log, reading only
@@ -294,8 +315,13 @@ class MessageQueue:
     def finish(self, pos: int) -> None:
         """The record at ``pos`` is done (FIN, sampled out, handed on by a topic)."""
         self.log.states[pos] = DONE
-        self.live -= 1
-        self._done += 1
+        self.finished(1)
+
+    def finished(self, count: int) -> None:
+        """``count`` records were marked DONE by the caller (``log.states[pos] = DONE``);
+        every ``RELEASE_EVERY`` of them the front of the log is released."""
+        self.live -= count
+        self._done += count
         if self._done >= RELEASE_EVERY:
             self._done = 0
             self.log.release()

@@ -30,7 +30,7 @@ def client_stats(client: Any) -> dict[str, Any]:
         "remote_address": client.remote_address,
         "state": client.state,
         "ready_count": client.rdy,
-        "in_flight_count": len(client.in_flight),
+        "in_flight_count": client.in_flight_count,
         "message_count": client.message_count,
         "finish_count": client.finish_count,
         "requeue_count": client.requeue_count,

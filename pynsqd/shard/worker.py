@@ -277,7 +277,7 @@ class ShardWorker:
         for client in clients:
             client.stop_delivery()
         for _ in range(int(wait / DRAIN_POLL)):  # polled: FINs arrive on many connections
-            if not any(len(c.in_flight) for c in self.broker.clients):
+            if not any(c.in_flight_count for c in self.broker.clients):
                 break
             await asyncio.sleep(DRAIN_POLL)
         for server, task in ((self._http_server, self._http_task), (self._https_server, self._https_task)):
@@ -286,7 +286,7 @@ class ShardWorker:
                 if task is not None:
                     await task
         self._http_server = self._https_server = None
-        held = sum(len(c.in_flight) for c in self.broker.clients)
+        held = sum(c.in_flight_count for c in self.broker.clients)
         if held:
             log.info("requeueing %d message(s) still in flight", held)
         for client in list(self.broker.clients):

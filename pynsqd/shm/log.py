@@ -42,6 +42,9 @@ _FRAME = struct.Struct("<II")
 _DUE = struct.Struct("<Q")
 _ATTEMPTS = struct.Struct(">H")
 _ATTEMPTS_AT = STATE_SIZE + 8  # offset of the message's attempts field within a record
+_ID_AT = 10  # offset of the message id within a message
+_TIMESTAMP = struct.Struct(">q")
+_WIRE_HEADER = struct.Struct(">ii")  # an NSQ frame's size and type (2: message)
 READY_HEADER = bytes([READY]) + bytes(STATE_SIZE - 1)
 
 Discard = Callable[[int, int], None]
@@ -119,12 +122,13 @@ class MessageLog(ByteRing):
 
     # -- walking -------------------------------------------------------------------------
 
-    def walk(self, cursor: int, max_count: int, want: int = READY,
-             ) -> tuple[list[int], list[bytes], int]:
-        """Records in state ``want`` from index ``cursor`` on: (positions, messages, cursor).
-
-        At most ``max_count``; the returned cursor is just past the last record looked at.
-        """
+    def find(self, cursor: int, max_count: int, want: int = READY,
+             ) -> tuple[list[tuple[list[int], list[int]]], int]:
+        """Records in state ``want`` from index ``cursor`` on, at most ``max_count``:
+        ([(starts, ends)] per contiguous run (a wrap starts a new one), cursor). A record's
+        start is its position (its state byte), its end is just past its message. The
+        returned cursor is just past the last record looked at. ``RingError`` if a frame is
+        corrupt."""
         buf = self._buf
         cap = self._cap
         write = self.write_index
@@ -132,14 +136,15 @@ class MessageLog(ByteRing):
         if cursor < read:
             cursor = read
         unpack = _FRAME.unpack_from
-        positions: list[int] = []
-        messages: list[bytes] = []
-        while cursor < write and len(positions) < max_count:
+        runs: list[tuple[list[int], list[int]]] = []
+        found = 0
+        while cursor < write and found < max_count:
             pos = start = cursor % cap
             end = pos + min(write - cursor, cap - pos)
             starts: list[int] = []
             ends: list[int] = []
-            while pos < end and len(starts) + len(positions) < max_count:
+            left = max_count - found
+            while pos < end and len(starts) < left:
                 size, check = unpack(buf, HEADER_SIZE + pos)
                 if size ^ check != WRAP:
                     raise RingError(f"corrupt record frame at {pos} (length {size})")
@@ -154,12 +159,73 @@ class MessageLog(ByteRing):
                     ends.append(pos + FRAME_SIZE + size)
                 pos += frame
             if starts:
-                first = starts[0]
-                chunk = buf[HEADER_SIZE + first:HEADER_SIZE + ends[-1]].tobytes()
-                messages += [chunk[a - first + STATE_SIZE:b - first] for a, b in zip(starts, ends)]
-                positions += starts
+                runs.append((starts, ends))
+                found += len(starts)
             cursor += pos - start
+        return runs, cursor
+
+    def walk(self, cursor: int, max_count: int, want: int = READY,
+             ) -> tuple[list[int], list[bytes], int]:
+        """Records in state ``want`` from index ``cursor`` on: (positions, messages, cursor).
+
+        At most ``max_count``; the returned cursor is just past the last record looked at.
+        """
+        runs, cursor = self.find(cursor, max_count, want)
+        buf = self._buf
+        positions: list[int] = []
+        messages: list[bytes] = []
+        for starts, ends in runs:
+            first = starts[0]
+            chunk = buf[HEADER_SIZE + first:HEADER_SIZE + ends[-1]].tobytes()
+            messages += [chunk[a - first + STATE_SIZE:b - first] for a, b in zip(starts, ends)]
+            positions += starts
         return positions, messages, cursor
+
+    def deliver_ready(self, cursor: int, max_count: int, out: bytearray, ids: list[bytes],
+                      ) -> tuple[list[int], int]:
+        """Deliver up to ``max_count`` ready records from ``cursor`` on, in one pass: each
+        becomes IN_FLIGHT with its attempts counted up in place, its NSQ message frame is
+        appended to ``out`` (attempts included) and its id to ``ids``. Returns (positions,
+        cursor)."""
+        runs, cursor = self.find(cursor, max_count)
+        positions: list[int] = []
+        for starts, ends in runs:
+            self._deliver_run(starts, ends, out, ids)
+            positions += starts
+        return positions, cursor
+
+    def deliver_at(self, positions: Sequence[int], out: bytearray, ids: list[bytes]) -> None:
+        """``deliver_ready`` for known positions of READY records (requeued in place)."""
+        buf = self._buf
+        for pos in positions:
+            size = _FRAME.unpack_from(buf, HEADER_SIZE + pos - FRAME_SIZE)[0]
+            self._deliver_run([pos], [pos + size], out, ids)
+
+    def _deliver_run(self, starts: list[int], ends: list[int], out: bytearray, ids: list[bytes]) -> None:
+        """Mark the records of one contiguous run in flight, then copy them out as frames."""
+        buf = self._buf
+        at = HEADER_SIZE + _ATTEMPTS_AT + 1  # the low byte of the big-endian attempts field
+        for pos in starts:
+            low = buf[at + pos]
+            if low < 255:
+                buf[at + pos] = low + 1
+            else:
+                attempts = (_ATTEMPTS.unpack_from(buf, at + pos - 1)[0] + 1) & 0xFFFF
+                _ATTEMPTS.pack_into(buf, at + pos - 1, attempts)
+            buf[HEADER_SIZE + pos] = IN_FLIGHT
+        first = starts[0]
+        chunk = buf[HEADER_SIZE + first:HEADER_SIZE + ends[-1]].tobytes()
+        header = _WIRE_HEADER.pack
+        message_at = STATE_SIZE - first
+        id_at = message_at + _ID_AT
+        for a, b in zip(starts, ends):
+            out += header(b - a - STATE_SIZE + 4, 2)
+            out += chunk[a + message_at:b - first]
+            ids.append(chunk[a + id_at:a + id_at + 16])
+
+    def timestamp_at(self, pos: int) -> int:
+        """The publish time (ns) of the message at ``pos``."""
+        return int(_TIMESTAMP.unpack_from(self._buf, HEADER_SIZE + pos + STATE_SIZE)[0])
 
     def _frame_at(self, read: int) -> tuple[int, int, int]:
         """The record at index ``read`` (< write), past a wrap marker: (index, area pos, size)."""

@@ -29,6 +29,13 @@ read" error, and a surplus after the last message is discarded (nsqd would parse
 next command). Well-formed MPUBs, and every error a well-formed stream can produce, are
 byte-for-byte nsqd's.
 
+A consumer sends one FIN per message, often hundreds in one read. With ``fin_runs=True``
+(the server's parser) a run of well-formed FIN lines (``FIN <16 bytes>\n``, no space, CR or
+LF in the id) is matched by one regular expression and returned as a single
+``(FIN_RUN, [id, ...], None)`` command; ``FIN_RUN`` is a name no line can produce, and
+``encode_command`` turns it back into the FIN lines. Anything else about a FIN (a short id,
+a CR, an extra parameter) takes the ordinary path, so its error is exactly nsqd's.
+
 Numbers (DPUB's delay) are parsed as nsqd's ``ByteToBase10`` does (``parse_base10``), and
 names in error texts are quoted as Go's ``%q`` does (``go_quote``), so error frames match
 nsqd's byte for byte.
@@ -36,6 +43,7 @@ nsqd's byte for byte.
 
 from __future__ import annotations
 
+import re
 import struct
 
 from pynsqd.wire.errors import ProtocolError, go_quote
@@ -51,6 +59,13 @@ _BODY_COMMANDS = frozenset({b"IDENTIFY", b"AUTH", b"PUB", b"DPUB", b"MPUB"})
 
 DEFAULT_MAX_LINE = 16 * 1024
 
+# A run of FIN lines read at once: (FIN_RUN, [message id, ...], None). A name split from a
+# line never holds "\n", so no client can send this one.
+FIN_RUN = b"FIN\n"
+_FIN_LINE = 21  # len(b"FIN " + 16-byte id + b"\n")
+_FINS = re.compile(rb"(?:FIN [^ \r\n]{16}\n)+")
+_FIN_ID = re.compile(rb"FIN ([^ \r\n]{16})\n")
+
 
 class CommandParser:
     """Incremental parser of the command stream that follows the magic.
@@ -61,7 +76,9 @@ class CommandParser:
     """
 
     def __init__(self, max_msg_size: int = 1048576, max_body_size: int = 5242880,
-                 max_req_timeout_ms: int = 3600000, max_line: int = DEFAULT_MAX_LINE) -> None:
+                 max_req_timeout_ms: int = 3600000, max_line: int = DEFAULT_MAX_LINE,
+                 fin_runs: bool = False) -> None:
+        self._fin_runs = fin_runs and max_line >= _FIN_LINE
         self.max_msg_size = max_msg_size
         self.max_body_size = max_body_size
         self.max_req_timeout_ms = max_req_timeout_ms
@@ -110,6 +127,7 @@ class CommandParser:
         pos = 0
         end = len(buf)
         max_line = self.max_line
+        fin_runs = self._fin_runs
         try:
             while pos < end:
                 if self._pending is not None:
@@ -117,6 +135,12 @@ class CommandParser:
                     if self._pending is not None:
                         break  # body incomplete
                     continue
+                if fin_runs and buf[pos] == 70 and buf.startswith(b"FIN ", pos):  # 70: "F"
+                    run = _FINS.match(buf, pos)
+                    if run is not None:
+                        out.append((FIN_RUN, _FIN_ID.findall(buf, pos, run.end()), None))
+                        pos = run.end()
+                        continue
                 nl = buf.find(b"\n", pos, pos + max_line)
                 if nl < 0:
                     if end - pos >= max_line:
@@ -323,7 +347,10 @@ def encode_mpub(topic: str, bodies: list[bytes]) -> bytes:
 
 
 def encode_command(name: bytes, params: list[bytes], body: bytes | list[bytes] | None) -> bytes:
-    """A parsed command back to its bytes (``params[0]`` is the name)."""
+    """A parsed command back to its bytes (``params[0]`` is the name; ``FIN_RUN``'s params
+    are the ids)."""
+    if name == FIN_RUN:
+        return b"".join([b"FIN " + msg_id + b"\n" for msg_id in params])
     line = b" ".join(params) + b"\n"
     if body is None:
         return line
