@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import threading
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from pynsqd.shm.segment import list_segments
+from pynsqd.supervisor.control import PROXY_WAIT
 from pynsqd.wire.commands import encode_auth, encode_mpub, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE
 from tests.authserver import AuthServer, grant
@@ -387,6 +390,49 @@ def test_admin_calls_reach_the_owner_and_stats_show_one_node(node: NodeFactory, 
         text = resp.read().decode()
     assert all(f'nsq_channel_paused{{channel="c",topic="{t}"}} 1.0' in text for t in topics[4:])
     assert "nsq_supervisor_shards 2.0" in text
+
+
+def _post(nsqd: Daemon, path: str) -> tuple[int, bytes, str | None]:
+    """POST ``path`` on a new connection → (status, body, X-NSQ-Content-Type)."""
+    req = urllib.request.Request(nsqd.http_url + path, method="POST", data=b"")
+    try:
+        with urllib.request.urlopen(req, timeout=scaled(30)) as resp:
+            return int(resp.status), resp.read(), resp.headers["X-NSQ-Content-Type"]
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), err.headers["X-NSQ-Content-Type"]
+
+
+def test_an_admin_call_whose_owner_shard_is_down_answers_500_internal_error(node: NodeFactory,
+                                                                            tmp_path: Path) -> None:
+    """The topic's owner is stopped (alive, silent): the other shard answers nsqd's 500 once
+    PROXY_WAIT has passed. It is killed: 500 at once, without waiting. Restarted: 200 again."""
+    nsqd = node("--shards=2")
+    topics = [f"down{i}" for i in range(12)]
+    for t in topics:
+        assert _post(nsqd, f"/topic/create?topic={t}")[0] == 200
+    table = owners(tmp_path)
+    topic = next(t for t in topics if table[t] == 1)
+    failed = (500, b'{"message":"INTERNAL_ERROR"}', "nsq; version=1.0")
+    pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1]["pid"]
+
+    os.kill(pid, signal.SIGSTOP)  # the only shard that can take the connection is shard 0
+    try:
+        started = time.monotonic()
+        assert _post(nsqd, f"/topic/pause?topic={topic}") == failed
+        assert PROXY_WAIT <= time.monotonic() - started < PROXY_WAIT + scaled(2)
+        nsqd.wait_for_log(rf"HTTP POST /topic/pause failed - shard 1 did not answer in {PROXY_WAIT:g}s")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert _post(nsqd, f"/topic/pause?topic={topic}")[0] == 200
+
+    os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    assert _post(nsqd, f"/channel/create?topic={topic}&channel=c") == failed
+    assert time.monotonic() - started < PROXY_WAIT  # not a wait for the bound: it is known dead
+    nsqd.wait_for_log(r"HTTP POST /channel/create failed - shard 1 is down", timeout=10)
+    wait_for(lambda: _post(nsqd, f"/channel/create?topic={topic}&channel=c")[0] == 200, 30,
+             interval=0.2, what="the restarted owner answering again")
+    assert get_json(nsqd, f"/stats?format=json&topic={topic}")["topics"][0]["paused"] is True
 
 
 def test_a_shard_whose_loop_stops_beating_is_killed_and_restarted(node: NodeFactory) -> None:
