@@ -47,6 +47,7 @@ JSON_TYPE = "application/json; charset=utf-8"
 TEXT_TYPE = "text/plain; charset=utf-8"
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
 BACKPRESSURE_RETRY = 0.001
+QUERY_CACHE = 1024  # publish query strings remembered (parsed and checked)
 _BAD_ESCAPE = re.compile(rb"%(?![0-9a-fA-F]{2})")
 
 Step = tuple[Callable[..., None], tuple[Any, ...]]  # a broker call that may raise Backpressure
@@ -107,6 +108,7 @@ class NsqdHTTP:
         self.persist = persist
         self.set_lookupd_addresses = set_lookupd_addresses
         self.tls_required_port = 0  # with --tls-required=true: plain HTTP gets 403 naming this port
+        self._queries: dict[bytes, tuple[dict[str, list[str]], str]] = {}
         routes = [
             Route("/ping", self.ping, methods=["GET"]),
             Route("/info", self.info_route, methods=["GET"]),
@@ -215,12 +217,20 @@ class NsqdHTTP:
             raise HTTPError(503, "EXITING") from None
 
     def _topic_from_query(self, query: bytes) -> tuple[dict[str, list[str]], str]:
+        """The parameters and the valid topic of a query string (``HTTPError`` if none).
+        Publishers repeat the same few query strings: good ones are remembered (read-only)."""
+        known = self._queries.get(query)
+        if known is not None:
+            return known
         params = parse_query(query)
         names = params.get("topic")
         if not names:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         if not is_valid_name(names[0]):
             raise HTTPError(400, "INVALID_TOPIC")
+        if len(self._queries) >= QUERY_CACHE:
+            self._queries.clear()
+        self._queries[query] = params, names[0]
         return params, names[0]
 
     # --- errors ---------------------------------------------------------------------------
