@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import urllib.error
@@ -496,6 +497,52 @@ def test_a_full_inbound_ring_holds_the_publisher_back_and_loses_nothing(node: No
             assert kind == FRAME_MESSAGE
             bodies.add(Message(data).body[:10])
     assert bodies == {b"%04d-%04d-" % (b, i) for b in range(24) for i in range(100)}
+
+
+def _http_exchange(sock: socket.socket, request: bytes) -> tuple[bytes, bytes]:
+    """Send one raw HTTP request on a keep-alive socket; → (status line, body)."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or b"!"
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(next(v for k, _, v in (h.partition(b": ") for h in head.split(b"\r\n")[1:])
+                      if k.lower() == b"content-length"))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head.split(b"\r\n")[0], rest
+
+
+def test_http_publish_waits_for_room_in_a_full_inbound_ring_and_loses_nothing(node: NodeFactory,
+                                                                            tmp_path: Path) -> None:
+    """The owner is stopped, so the other shard takes the connection: /mpub batches of 4 MB
+    fill the owner's 16 MiB inbound ring, the next one gets no answer while the ring is full,
+    then OK once the owner drains; every message arrives."""
+    nsqd = node("--shards=2", "--mem-queue-size=100000")
+    topic = "http_bp"
+    pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][
+        _owner_after_create(nsqd, tmp_path, topic)]["pid"]
+    bodies = [b"\n".join(b"%d-%04d-" % (b, i) + b"y" * 4000 for i in range(1000)) for b in range(5)]
+    requests = [b"POST /mpub?topic=%s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                % (topic.encode(), len(body), body) for body in bodies]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
+            for request in requests[:4]:
+                assert _http_exchange(sock, request) == (b"HTTP/1.1 200 OK", b"OK")
+            sock.sendall(requests[4])
+            sock.settimeout(1.0)
+            with pytest.raises(TimeoutError):  # the ring is full: held back, not refused
+                sock.recv(65536)
+            os.kill(pid, signal.SIGCONT)
+            sock.settimeout(scaled(10))
+            data = b""
+            while not data.endswith(b"\r\n\r\nOK"):
+                data += sock.recv(65536) or b"!"
+            assert data.startswith(b"HTTP/1.1 200 OK")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: _topic_count(nsqd, topic) == 5000, 20, what="every held-back message at its owner")
 
 
 def _topic_count(nsqd: Daemon, topic: str) -> int:
