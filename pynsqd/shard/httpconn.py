@@ -29,7 +29,7 @@ Every answer carries uvicorn's default headers (``date``) and closes the connect
 request asked for it (``Connection: close``, HTTP/1.0 without keep-alive). A malformed request
 gets uvicorn's ``400 Invalid HTTP request received.`` and a close. Write back-pressure
 (``pause_writing``) pauses reading. ``shutdown()`` (graceful stop) closes an idle connection at
-once and a busy one after its current answer.
+once and a busy one once everything it received was answered.
 """
 
 from __future__ import annotations
@@ -166,8 +166,8 @@ class HTTPConnection(asyncio.Protocol):
     def shutdown(self) -> None:
         """Graceful stop (uvicorn calls it): close when idle, else after the current answer."""
         self.closing = True
-        if not self.busy and not self.queue and self.current is None and self.transport is not None:
-            self.transport.close()
+        if self.transport is not None:
+            self._serve()
 
     # --- httptools callbacks --------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -228,7 +228,9 @@ class HTTPConnection(asyncio.Protocol):
     # --- serving --------------------------------------------------------------------------
     def _serve(self) -> None:
         """Answer queued requests in order until one has to wait."""
-        while self.queue and not self.busy and not self.closing:
+        transport = self.transport
+        assert transport is not None
+        while self.queue and not self.busy and not transport.is_closing():
             req = self.queue.popleft()
             if req.publish:
                 self._publish(req, None)
@@ -238,8 +240,10 @@ class HTTPConnection(asyncio.Protocol):
                 task = asyncio.get_running_loop().create_task(self._asgi(req))
                 self.state.tasks.add(task)
                 task.add_done_callback(self.state.tasks.discard)
-        if self.closing and not self.busy and self.transport is not None:
-            self.transport.close()  # a graceful stop, or an answer that closes the connection
+        if transport.is_closing():
+            return
+        if self.closing and not self.busy and not self.queue and self.current is None:
+            transport.close()  # a graceful stop: everything received was answered
         elif self.queue or self.busy:
             self._pause_reading()
         elif not self.write_paused:
@@ -326,7 +330,7 @@ class HTTPConnection(asyncio.Protocol):
         if length is None:
             headers.append((b"content-length", b"%d" % len(body)))
         self._write(status or 500, headers, b"" if req.method == b"HEAD" else body,
-                    close=not req.keep_alive or self.closing, length=False)
+                    close=not req.keep_alive, length=False)
         self._serve()
 
     # --- writing --------------------------------------------------------------------------
@@ -346,7 +350,6 @@ class HTTPConnection(asyncio.Protocol):
         parts += [b"\r\n", body]
         self.transport.write(b"".join(parts))
         if close:
-            self.closing = True
             self.transport.close()
 
     def _write_ok(self, close: bool) -> None:
