@@ -1,10 +1,11 @@
 """HTTP publish benchmark: ``/pub`` over keep-alive connections, and ``/mpub`` batches.
 
 Starts its own node (``--shards``, default the node's: one per CPU) and drives it from
-separate load processes, each holding some of the keep-alive connections and sending
-pre-encoded requests (one outstanding per connection, as a client waiting for ``OK``
-would). Prints requests/s, msgs/s, MB/s, latency p50/p99 and the server's CPU seconds
-(supervisor and shards) per million messages.
+separate load processes, each holding some of the keep-alive connections on plain sockets
+under one epoll and sending pre-encoded requests (one outstanding per connection, as a client
+waiting for ``OK`` would). Prints requests/s, msgs/s, MB/s, latency p50/p99, the server's CPU
+seconds (supervisor and shards) per million messages, and the load generator's own CPU
+microseconds per request (if that is high, the generator is taking cores from the server).
 
   .venv/bin/python bench/bench_http.py --runfor 10 --connections 50 --repeat 3
 """
@@ -12,84 +13,82 @@ would). Prints requests/s, msgs/s, MB/s, latency p50/p99 and the server's CPU se
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing as mp
+import select
+import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import uvloop
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_tcp import Meter  # noqa: E402
-from bench.common import Figures, report, start_node  # noqa: E402
+from bench.common import Figures, remove_segments, report, start_node  # noqa: E402
 
 
-class Conn(asyncio.Protocol):
-    """One keep-alive connection sending the same request again after each response."""
-
-    def __init__(self, request: bytes, end: float, done: asyncio.Future[None]) -> None:
-        self.request = request
-        self.end = end
-        self.done = done
-        self.buf = b""
-        self.count = 0
-        self.latencies: list[float] = []
-        self.sent_at = 0.0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        self._send()
-
-    def _send(self) -> None:
-        self.sent_at = time.perf_counter()
-        self.transport.write(self.request)  # type: ignore[attr-defined]
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while True:
-            head_end = self.buf.find(b"\r\n\r\n")
-            if head_end < 0:
-                return
-            head = self.buf[:head_end]
-            if not head.startswith(b"HTTP/1.1 200"):
-                raise SystemExit(f"unexpected response: {head[:80]!r}")
-            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-            if len(self.buf) < head_end + 4 + length:
-                return
-            self.buf = self.buf[head_end + 4 + length:]
-            now = time.perf_counter()
-            self.count += 1
-            if self.count % 16 == 0:
-                self.latencies.append(now - self.sent_at)
-            if time.monotonic() < self.end:
-                self._send()
-            else:
-                self.transport.close()
-                if not self.done.done():
-                    self.done.set_result(None)
-
-
-async def load(port: int, request: bytes, conns: int, runfor: float, start: float) -> tuple[int, list[float]]:
-    loop = asyncio.get_running_loop()
-    await asyncio.sleep(max(0.0, start - time.time()))
-    end = time.monotonic() + runfor
-    protocols = []
-    waits = []
+def load(port: int, request: bytes, conns: int, runfor: float, start: float) -> tuple[int, list[float]]:
+    """Drive ``conns`` keep-alive connections until ``runfor`` seconds after ``start``: each sends
+    the pre-encoded ``request`` again as soon as its previous answer is complete (one
+    outstanding per connection). Plain non-blocking sockets under one ``epoll``: the load
+    generator should cost as little CPU per request as Python allows, so that the cores go to
+    the server. Returns (answers, a sample of latencies)."""
+    socks = {}
     for _ in range(conns):
-        done: asyncio.Future[None] = loop.create_future()
-        _, proto = await loop.create_connection(lambda d=done: Conn(request, end, d), "127.0.0.1", port)
-        protocols.append(proto)
-        waits.append(done)
-    await asyncio.gather(*waits)
-    return sum(p.count for p in protocols), [x for p in protocols for x in p.latencies]
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+        socks[s.fileno()] = s
+    poll = select.epoll()
+    for fd in socks:
+        poll.register(fd, select.EPOLLIN)
+    time.sleep(max(0.0, start - time.time()))
+    end = time.monotonic() + runfor
+    sent_at = dict.fromkeys(socks, 0.0)
+    bufs = dict.fromkeys(socks, b"")
+    count = 0
+    latencies: list[float] = []
+    for fd, s in socks.items():
+        sent_at[fd] = time.perf_counter()
+        s.send(request)
+    live = len(socks)
+    while live:
+        for fd, _ in poll.poll(1.0):
+            s = socks[fd]
+            data = bufs[fd] + s.recv(65536)
+            if not data:
+                raise SystemExit("the server closed a connection")
+            while True:
+                head_end = data.find(b"\r\n\r\n")
+                if head_end < 0:
+                    break
+                if not data.startswith(b"HTTP/1.1 200 "):
+                    raise SystemExit(f"unexpected response: {data[:80]!r}")
+                at = data.find(b"content-length: ", 0, head_end) + 16
+                total = head_end + 4 + int(data[at:data.find(b"\r\n", at)])
+                if len(data) < total:
+                    break
+                data = data[total:]
+                count += 1
+                if count % 16 == 0:
+                    latencies.append(time.perf_counter() - sent_at[fd])
+                if time.monotonic() < end:
+                    sent_at[fd] = time.perf_counter()
+                    s.send(request)
+                else:
+                    poll.unregister(fd)
+                    live -= 1
+            bufs[fd] = data
+    for s in socks.values():
+        s.close()
+    return count, latencies
 
 
 def worker(port: int, request: bytes, conns: int, runfor: float, start: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
-    out.put(uvloop.run(load(port, request, conns, runfor, start)))
+    cpu0 = time.process_time()
+    count, latencies = load(port, request, conns, runfor, start)
+    out.put((count, latencies, time.process_time() - cpu0))
 
 
 def phase(port: int, request: bytes, per_request: int, args: argparse.Namespace, server: Meter,
@@ -112,7 +111,8 @@ def phase(port: int, request: bytes, per_request: int, args: argparse.Namespace,
     msgs = requests * per_request
     return {"req_s": requests / args.runfor, "msgs_s": msgs / args.runfor,
             "mb_s": msgs * size / args.runfor / 2**20, "p50_ms": lat[len(lat) // 2] * 1e3,
-            "p99_ms": lat[int(len(lat) * 0.99)] * 1e3, "cpu_s_per_M": cpu / max(msgs, 1) * 1e6}
+            "p99_ms": lat[int(len(lat) * 0.99)] * 1e3, "cpu_s_per_M": cpu / max(msgs, 1) * 1e6,
+            "load_cpu_us_per_req": sum(r[2] for r in results) / max(requests, 1) * 1e6}
 
 
 def one_run(args: argparse.Namespace) -> Figures:
@@ -132,6 +132,7 @@ def one_run(args: argparse.Namespace) -> Figures:
         finally:
             proc.terminate()
             proc.wait(30)
+            remove_segments(data)
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 from collections.abc import Iterator
@@ -20,12 +21,15 @@ class EmbeddedServer(uvicorn.Server):
         yield
 
 
-def embedded_server(app: Any, ssl_context: ssl.SSLContext | None = None) -> EmbeddedServer:
+def embedded_server(app: Any, ssl_context: ssl.SSLContext | None = None,
+                    http: type[asyncio.Protocol] | None = None) -> EmbeddedServer:
     """A server for ``app`` with pynsqd's settings: no lifespan, no access log, no
-    ``Server`` header, errors through the ``pynsqd`` logging setup; httptools' parser.
-    With ``ssl_context`` it serves HTTPS with that context (the daemon's own TLS settings)."""
-    config = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
-                            server_header=False, timeout_graceful_shutdown=5)
+    ``Server`` header, no proxy-header rewriting, errors through the ``pynsqd`` logging
+    setup; httptools' parser (uvicorn's ``HttpToolsProtocol``), or the connection protocol
+    class ``http`` (a shard's, ``shard/httpconn.py``). With ``ssl_context`` it serves HTTPS
+    with that context (the daemon's own TLS settings)."""
+    config = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, proxy_headers=False,
+                            server_header=False, timeout_graceful_shutdown=5, http=http or "httptools")
     if ssl_context is not None:
         config.load()
         config.ssl = ssl_context

@@ -7,9 +7,11 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 
 from pynsqd.shm.segment import list_segments
+from pynsqd.supervisor.control import PROXY_WAIT
 from pynsqd.wire.commands import encode_auth, encode_dpub, encode_fin, encode_mpub, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE
 from tests.authserver import AuthServer, grant
@@ -391,6 +394,49 @@ def test_admin_calls_reach_the_owner_and_stats_show_one_node(node: NodeFactory, 
     assert "nsq_supervisor_shards 2.0" in text
 
 
+def _post(nsqd: Daemon, path: str) -> tuple[int, bytes, str | None]:
+    """POST ``path`` on a new connection → (status, body, X-NSQ-Content-Type)."""
+    req = urllib.request.Request(nsqd.http_url + path, method="POST", data=b"")
+    try:
+        with urllib.request.urlopen(req, timeout=scaled(30)) as resp:
+            return int(resp.status), resp.read(), resp.headers["X-NSQ-Content-Type"]
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), err.headers["X-NSQ-Content-Type"]
+
+
+def test_an_admin_call_whose_owner_shard_is_down_answers_500_internal_error(node: NodeFactory,
+                                                                            tmp_path: Path) -> None:
+    """The topic's owner is stopped (alive, silent): the other shard answers nsqd's 500 once
+    PROXY_WAIT has passed. It is killed: 500 at once, without waiting. Restarted: 200 again."""
+    nsqd = node("--shards=2")
+    topics = [f"down{i}" for i in range(12)]
+    for t in topics:
+        assert _post(nsqd, f"/topic/create?topic={t}")[0] == 200
+    table = owners(tmp_path)
+    topic = next(t for t in topics if table[t] == 1)
+    failed = (500, b'{"message":"INTERNAL_ERROR"}', "nsq; version=1.0")
+    pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1]["pid"]
+
+    os.kill(pid, signal.SIGSTOP)  # the only shard that can take the connection is shard 0
+    try:
+        started = time.monotonic()
+        assert _post(nsqd, f"/topic/pause?topic={topic}") == failed
+        assert PROXY_WAIT <= time.monotonic() - started < PROXY_WAIT + scaled(2)
+        nsqd.wait_for_log(rf"HTTP POST /topic/pause failed - shard 1 did not answer in {PROXY_WAIT:g}s")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert _post(nsqd, f"/topic/pause?topic={topic}")[0] == 200
+
+    os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    assert _post(nsqd, f"/channel/create?topic={topic}&channel=c") == failed
+    assert time.monotonic() - started < PROXY_WAIT  # not a wait for the bound: it is known dead
+    nsqd.wait_for_log(r"HTTP POST /channel/create failed - shard 1 is down", timeout=10)
+    wait_for(lambda: _post(nsqd, f"/channel/create?topic={topic}&channel=c")[0] == 200, 30,
+             interval=0.2, what="the restarted owner answering again")
+    assert get_json(nsqd, f"/stats?format=json&topic={topic}")["topics"][0]["paused"] is True
+
+
 def test_a_shard_whose_loop_stops_beating_is_killed_and_restarted(node: NodeFactory) -> None:
     nsqd = node("--shards=2", env={"PYNSQD_SHARD_TIMEOUT": "1"})
     pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1]["pid"]
@@ -452,6 +498,52 @@ def test_a_full_inbound_ring_holds_the_publisher_back_and_loses_nothing(node: No
             assert kind == FRAME_MESSAGE
             bodies.add(Message(data).body[:10])
     assert bodies == {b"%04d-%04d-" % (b, i) for b in range(24) for i in range(100)}
+
+
+def _http_exchange(sock: socket.socket, request: bytes) -> tuple[bytes, bytes]:
+    """Send one raw HTTP request on a keep-alive socket; → (status line, body)."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or b"!"
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(next(v for k, _, v in (h.partition(b": ") for h in head.split(b"\r\n")[1:])
+                      if k.lower() == b"content-length"))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head.split(b"\r\n")[0], rest
+
+
+def test_http_publish_waits_for_room_in_a_full_inbound_ring_and_loses_nothing(node: NodeFactory,
+                                                                            tmp_path: Path) -> None:
+    """The owner is stopped, so the other shard takes the connection: /mpub batches of 4 MB
+    fill the owner's 16 MiB inbound ring, the next one gets no answer while the ring is full,
+    then OK once the owner drains; every message arrives."""
+    nsqd = node("--shards=2", "--mem-queue-size=100000")
+    topic = "http_bp"
+    pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][
+        _owner_after_create(nsqd, tmp_path, topic)]["pid"]
+    bodies = [b"\n".join(b"%d-%04d-" % (b, i) + b"y" * 4000 for i in range(1000)) for b in range(5)]
+    requests = [b"POST /mpub?topic=%s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                % (topic.encode(), len(body), body) for body in bodies]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
+            for request in requests[:4]:
+                assert _http_exchange(sock, request) == (b"HTTP/1.1 200 OK", b"OK")
+            sock.sendall(requests[4])
+            sock.settimeout(1.0)
+            with pytest.raises(TimeoutError):  # the ring is full: held back, not refused
+                sock.recv(65536)
+            os.kill(pid, signal.SIGCONT)
+            sock.settimeout(scaled(10))
+            data = b""
+            while not data.endswith(b"\r\n\r\nOK"):
+                data += sock.recv(65536) or b"!"
+            assert data.startswith(b"HTTP/1.1 200 OK")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: _topic_count(nsqd, topic) == 5000, 20, what="every held-back message at its owner")
 
 
 def _topic_count(nsqd: Daemon, topic: str) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -47,8 +47,10 @@ JSON_TYPE = "application/json; charset=utf-8"
 TEXT_TYPE = "text/plain; charset=utf-8"
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
 BACKPRESSURE_RETRY = 0.001
+QUERY_CACHE = 1024  # publish query strings remembered (parsed and checked)
 _BAD_ESCAPE = re.compile(rb"%(?![0-9a-fA-F]{2})")
 
+Step = tuple[Callable[..., None], tuple[Any, ...]]  # a broker call that may raise Backpressure
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
                    Awaitable[None]]
 
@@ -106,6 +108,7 @@ class NsqdHTTP:
         self.persist = persist
         self.set_lookupd_addresses = set_lookupd_addresses
         self.tls_required_port = 0  # with --tls-required=true: plain HTTP gets 403 naming this port
+        self._queries: dict[bytes, tuple[dict[str, list[str]], str]] = {}
         routes = [
             Route("/ping", self.ping, methods=["GET"]),
             Route("/info", self.info_route, methods=["GET"]),
@@ -131,17 +134,16 @@ class NsqdHTTP:
                        send: Callable[[Any], Awaitable[None]]) -> None:
         path = scope.get("path") if scope["type"] == "http" else None
         if self.tls_required_port and path is not None and scope.get("scheme") != "https":
-            body = f'{{"message": "TLS_REQUIRED", "https_port": {self.tls_required_port}}}'.encode()
-            await _send(send, 403, body, JSON_TYPE)
+            await _send(send, 403, self.tls_required_body(), JSON_TYPE)
             return
         if path == "/pub" or path == "/mpub":
             try:
                 if scope["method"] != "POST":
                     raise HTTPError(405, "METHOD_NOT_ALLOWED")
-                if path == "/pub":
-                    await self._pub(scope, receive)
-                else:
-                    await self._mpub(scope, receive)
+                self.check_length(path, _content_length(scope))
+                body = await _read_body(receive, self.body_limit(path))
+                for action, args in self.publish_steps(path, scope.get("query_string", b""), body):
+                    await _until_room(action, *args)
             except HTTPError as exc:
                 await _send(send, exc.status, orjson.dumps({"message": exc.message}), JSON_TYPE)
             else:
@@ -149,53 +151,49 @@ class NsqdHTTP:
             return
         await self.router(scope, receive, send)
 
-    def _topic_from_query(self, scope: Mapping[str, Any]) -> tuple[dict[str, list[str]], str]:
-        params = parse_query(scope.get("query_string", b""))
-        names = params.get("topic")
-        if not names:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_name(names[0]):
-            raise HTTPError(400, "INVALID_TOPIC")
-        return params, names[0]
+    def tls_required_body(self) -> bytes:
+        return f'{{"message": "TLS_REQUIRED", "https_port": {self.tls_required_port}}}'.encode()
 
-    async def _pub(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]]) -> None:
-        limit = self.opts.max_msg_size
-        if _content_length(scope) > limit:
-            raise HTTPError(413, "MSG_TOO_BIG")
-        body = await _read_body(receive, limit)
-        if body is None:
-            raise HTTPError(413, "MSG_TOO_BIG")
-        if not body:
-            raise HTTPError(400, "MSG_EMPTY")
-        params, topic = self._topic_from_query(scope)
-        delay = 0
-        if "defer" in params:
-            raw = params["defer"][0]
-            if not re.fullmatch(r"[+-]?[0-9]+", raw):
-                raise HTTPError(400, "INVALID_DEFER")
-            delay = int(raw)
-            if delay < 0 or delay * 1_000_000 > self.opts.max_req_timeout:
-                raise HTTPError(400, "INVALID_DEFER")
-        try:
+    def body_limit(self, path: str) -> int:
+        """The most body bytes ``POST /pub`` (``path``) or ``/mpub`` reads."""
+        return self.opts.max_msg_size if path == "/pub" else self.opts.max_body_size
+
+    def check_length(self, path: str, content_length: int) -> None:
+        """nsqd's first check, on the ``Content-Length`` header (-1: none) before any body."""
+        if content_length > self.body_limit(path):
+            raise HTTPError(413, "MSG_TOO_BIG" if path == "/pub" else "BODY_TOO_BIG")
+
+    def publish_steps(self, path: str, query: bytes, body: bytes | None) -> Iterator[Step]:
+        """``POST /pub`` or ``/mpub`` once its body was read (``None``: it passed the limit):
+        nsqd's checks in nsqd's order (``HTTPError``), yielding the broker calls to make, each
+        to be retried by the caller while it raises ``Backpressure``. Transport-free: the
+        ASGI path above and the connection protocol (``httpconn.py``) both drive it."""
+        if path == "/pub":
+            if body is None:
+                raise HTTPError(413, "MSG_TOO_BIG")
+            if not body:
+                raise HTTPError(400, "MSG_EMPTY")
+            params, topic = self._topic_from_query(query)
+            delay = 0
+            if "defer" in params:
+                raw = params["defer"][0]
+                if not re.fullmatch(r"[+-]?[0-9]+", raw):
+                    raise HTTPError(400, "INVALID_DEFER")
+                delay = int(raw)
+                if delay < 0 or delay * 1_000_000 > self.opts.max_req_timeout:
+                    raise HTTPError(400, "INVALID_DEFER")
             if delay:
-                await _until_room(self.broker.publish_deferred, topic, body, delay)
+                yield self._publish, (self.broker.publish_deferred, topic, body, delay)
             else:
-                await _until_room(self.broker.publish, topic, [body])
-        except BrokerError as exc:
-            log.error("HTTP /pub to %s failed - %s", topic, exc)
-            raise HTTPError(503, "EXITING") from None
-
-    async def _mpub(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]]) -> None:
+                yield self._publish, (self.broker.publish, topic, [body])
+            return
         opts = self.opts
-        if _content_length(scope) > opts.max_body_size:
-            raise HTTPError(413, "BODY_TOO_BIG")
-        params, topic = self._topic_from_query(scope)
-        await _until_room(self.broker.ensure_topic, topic)  # nsqd creates it before reading the body
+        params, topic = self._topic_from_query(query)
+        yield self.broker.ensure_topic, (topic,)  # nsqd creates it before reading the body
         binary = False
         if "binary" in params:
             value = params["binary"][0]
             binary = value not in ("0", "f", "F", "false", "FALSE", "False")
-        body = await _read_body(receive, opts.max_body_size)
         if body is None:
             raise HTTPError(413, "BODY_TOO_BIG")
         if binary:
@@ -207,13 +205,33 @@ class NsqdHTTP:
             bodies = [line for line in body.split(b"\n") if line]
             if any(len(line) > opts.max_msg_size for line in bodies):
                 raise HTTPError(413, "MSG_TOO_BIG")
-        if not bodies:
-            return
+        if bodies:
+            yield self._publish, (self.broker.publish, topic, bodies)
+
+    @staticmethod
+    def _publish(action: Callable[..., None], topic: str, *args: Any) -> None:
         try:
-            await _until_room(self.broker.publish, topic, bodies)
+            action(topic, *args)
         except BrokerError as exc:
-            log.error("HTTP /mpub to %s failed - %s", topic, exc)
+            log.error("HTTP publish to %s failed - %s", topic, exc)
             raise HTTPError(503, "EXITING") from None
+
+    def _topic_from_query(self, query: bytes) -> tuple[dict[str, list[str]], str]:
+        """The parameters and the valid topic of a query string (``HTTPError`` if none).
+        Publishers repeat the same few query strings: good ones are remembered (read-only)."""
+        known = self._queries.get(query)
+        if known is not None:
+            return known
+        params = parse_query(query)
+        names = params.get("topic")
+        if not names:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(names[0]):
+            raise HTTPError(400, "INVALID_TOPIC")
+        if len(self._queries) >= QUERY_CACHE:
+            self._queries.clear()
+        self._queries[query] = params, names[0]
+        return params, names[0]
 
     # --- errors ---------------------------------------------------------------------------
     async def _starlette_error(self, request: Request, exc: Exception) -> Response:
@@ -300,7 +318,7 @@ class NsqdHTTP:
         return channel
 
     async def topic_create(self, request: Request) -> Response:
-        _, name = self._topic_from_query(request.scope)
+        _, name = self._topic_from_query(request.scope.get("query_string", b""))
         self.broker.get_topic(name)
         return api_response()
 

@@ -9,7 +9,9 @@ Theory of operation
 - ``/topic/*``, ``/channel/*``: at the topic's owner. When that is another shard, the request
   (method, path, query, body) goes through the supervisor to the owner, which runs it through
   its own ``NsqdHTTP`` (``run_local``) and sends back status, headers and body verbatim, so
-  every answer and error is exactly the single-node one.
+  every answer and error is exactly the single-node one. An owner that is down (killed,
+  restarting) or silent for ``PROXY_WAIT`` seconds makes it nsqd's answer to an operation
+  that failed inside: ``500 INTERNAL_ERROR`` (and an error in the log).
 - ``/stats``, ``/metrics``: the supervisor collects every shard's stats document and merges
   them into one node (``supervisor/aggregate.py``); the formats (JSON, text, Prometheus)
   are rendered from that one document by the same code a single shard uses.
@@ -21,6 +23,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -31,12 +34,13 @@ from pynsqd.shard.http import TEXT_TYPE, HTTPError, NsqdHTTP, api_response, erro
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
 from pynsqd.shard.stats import format_text
-from pynsqd.supervisor.control import ControlChannel
+from pynsqd.supervisor.control import PROXY_WAIT, ControlChannel
 from pynsqd.wire.names import is_valid_name
 
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
-PROXY_TIMEOUT = 30.0
+PROXY_TIMEOUT = 30.0  # node-wide stats and health: every shard answers, or the supervisor skips it
+log = logging.getLogger("pynsqd.shard")
 
 
 class Shard(Protocol):
@@ -152,11 +156,12 @@ class NodeHTTP:
         msg = {"op": "proxy", "shard": owner, "method": scope["method"], "path": scope["path"],
                "query": scope.get("query_string", b"").decode("latin-1"), "scheme": scope.get("scheme", "http")}
         try:
-            reply, payload, _ = await self.shard.control.call(msg, body, wait=PROXY_TIMEOUT)
-        except (ConnectionError, TimeoutError):
-            raise HTTPError(503, "SHARD_UNAVAILABLE") from None
-        if "status" not in reply:
-            raise HTTPError(503, "SHARD_UNAVAILABLE")
+            reply, payload, _ = await self.shard.control.call(msg, body, wait=PROXY_WAIT + 1)
+        except (ConnectionError, TimeoutError) as exc:
+            reply, payload = {"error": f"the supervisor did not answer - {exc!r}"}, b""
+        if "status" not in reply:  # the owner is down: nsqd's answer to an operation that failed
+            log.error("HTTP %s %s failed - %s", scope["method"], scope["path"], reply.get("error"))
+            raise HTTPError(500, "INTERNAL_ERROR")
         await _send_raw(send, reply["status"], reply["headers"], payload)
 
     async def _config(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -181,8 +186,9 @@ class NodeHTTP:
                    "include_mem": flag("include_mem") and not prometheus}
         try:
             _, payload, _ = await self.shard.control.call(request, wait=PROXY_TIMEOUT)
-        except (ConnectionError, TimeoutError):
-            raise HTTPError(503, "SHARD_UNAVAILABLE") from None
+        except (ConnectionError, TimeoutError) as exc:
+            log.error("HTTP %s failed - the supervisor did not answer - %r", scope["path"], exc)
+            raise HTTPError(500, "INTERNAL_ERROR") from None
         doc = orjson.loads(payload)
         if prometheus:
             return Response(exposition(lambda: doc), media_type=PROMETHEUS_TYPE)

@@ -53,6 +53,7 @@ from pynsqd.shard.broker import Broker
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.crossshard import Inbound, Outbound
 from pynsqd.shard.http import NsqdHTTP
+from pynsqd.shard.httpconn import http_protocol
 from pynsqd.shard.node import make_backend, node_info, queue_factory, recoverable
 from pynsqd.shard.nodehttp import NodeHTTP, run_local
 from pynsqd.shard.protocol import ClientV2
@@ -254,10 +255,10 @@ class ShardWorker:
         self.broker.on_change = self._changed
         self.inbound.start(loop)
         if self.http_socket is not None:
-            self._http_server = embedded_server(self.node_http)
+            self._http_server = embedded_server(self.node_http, http=http_protocol(self.app))
             self._http_task = loop.create_task(self._http_server.serve(sockets=[self.http_socket]))
         if self.https_socket is not None:
-            self._https_server = embedded_server(self.node_http, self.tls_ctx)
+            self._https_server = embedded_server(self.node_http, self.tls_ctx, http_protocol(self.app))
             self._https_task = loop.create_task(self._https_server.serve(sockets=[self.https_socket]))
         self._send_snapshot()
         self.control.send({"op": "ready", "pid": os.getpid()})

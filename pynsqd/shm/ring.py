@@ -175,7 +175,23 @@ class ByteRing:
     # -- producer ------------------------------------------------------------------------
 
     def put(self, record: bytes) -> bool:
-        """Append one record; False when it does not fit now. ValueError if it never can."""
+        """Append one record; False when it does not fit now. ValueError if it never can.
+        (One record that fits before the end is written here directly, a quarter of the
+        cost of ``put_many``'s batch set-up; everything else goes through ``put_many``.)"""
+        size = len(record)
+        frame = (size + 15) & ~7
+        words = self._words
+        read: int = words[_READ]
+        write: int = words[_WRITE]
+        cap = self._cap
+        start = write % cap
+        if (read <= write and not (read | write) & 7 and frame <= cap - (write - read)
+                and frame <= cap - start and frame <= self._max_frame):
+            at = HEADER_SIZE + start
+            self._buf[at:at + frame] = _FRAME.pack(size, size ^ WRAP) + record + _PADS[-size & 7]
+            words[_WSEQ] = words[_WSEQ] + 1
+            words[_WRITE] = write + frame
+            return True
         return self.put_many((record,)) == 1
 
     def put_many(self, records: Sequence[bytes], prefix: bytes = b"") -> int:

@@ -61,7 +61,7 @@ from pynsqd.shard.transport import build_server_context
 from pynsqd.shm import store
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.aggregate import merge_stats
-from pynsqd.supervisor.control import ControlChannel, channel_pair
+from pynsqd.supervisor.control import PROXY_WAIT, ControlChannel, channel_pair
 from pynsqd.supervisor.handoff import greet
 from pynsqd.supervisor.placement import Placement
 from pynsqd.supervisor.registration import Registration
@@ -373,15 +373,27 @@ class Supervisor:
                                   "restarts": s.restarts} for s in self.slots]}
 
     async def _proxy(self, chan: ControlChannel, msg: dict[str, Any], body: bytes) -> None:
-        slot = await self._ready_slot(msg["shard"])
-        if slot is None or slot.channel is None or slot.channel.closed:
-            chan.reply(msg, {"error": "shard unavailable"})
+        """An admin call for a topic another shard owns, run at the owner. An owner known to be
+        down (dead, or booting again after a death) is answered at once with an error; one
+        that is booting for the first time or does not answer gets ``PROXY_WAIT`` seconds.
+        The asking shard turns an error into nsqd's ``500 INTERNAL_ERROR``."""
+        slot = self.slots[msg["shard"]]
+        deadline = time.monotonic() + PROXY_WAIT
+        if slot.pid == 0 or (slot.restarts and not slot.is_ready) or (slot.channel is not None and slot.channel.closed):
+            chan.reply(msg, {"error": f"shard {slot.index} is down"})
             return
-        request: dict[str, Any] = {k: msg[k] for k in ("method", "path", "query", "scheme") if k in msg}
         try:
-            reply, payload, _ = await slot.channel.call({"op": "http", **request}, body, wait=CALL_TIMEOUT)
-        except (ConnectionError, TimeoutError):
-            chan.reply(msg, {"error": "shard unavailable"})
+            await asyncio.wait_for(slot.ready.wait(), PROXY_WAIT)
+            if slot.channel is None or slot.channel.closed:
+                raise ConnectionError("closed")
+            request: dict[str, Any] = {k: msg[k] for k in ("method", "path", "query", "scheme") if k in msg}
+            reply, payload, _ = await slot.channel.call({"op": "http", **request}, body,
+                                                        wait=max(0.1, deadline - time.monotonic()))
+        except ConnectionError:
+            chan.reply(msg, {"error": f"shard {slot.index} is down"})
+            return
+        except TimeoutError:
+            chan.reply(msg, {"error": f"shard {slot.index} did not answer in {PROXY_WAIT:g}s"})
             return
         chan.reply(msg, {"status": reply["status"], "headers": reply["headers"]}, payload)
 

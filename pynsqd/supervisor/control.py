@@ -33,6 +33,7 @@ import orjson
 log = logging.getLogger("pynsqd.control")
 
 CHUNK = 60 * 1024
+PROXY_WAIT = 5.0  # seconds the supervisor gives a proxied admin call at its owner shard
 SOCKET_BUFFER = 4 * 1024 * 1024
 _HEAD = struct.Struct(">I")
 

@@ -1,0 +1,377 @@
+"""A shard's HTTP/1.1 connections: ``POST /pub`` and ``/mpub`` served inline, the rest via ASGI.
+
+Theory of operation
+-------------------
+uvicorn still owns the listening sockets, TLS and shutdown (``httpserver.py``); only the
+per-connection protocol is ours (``http_protocol(publisher)`` → the class uvicorn instantiates
+for each connection, with the same ``config`` / ``server_state`` arguments as its own). It
+exists because publishing is almost all of the HTTP traffic and uvicorn's generic path costs a
+task, an ASGI scope and two ``send`` syscalls per request; here a publish is a synchronous call
+made from the parser's callback and the answer is one pre-built write.
+
+Bytes go to an ``httptools`` parser. Each complete request becomes a ``_Request`` appended to
+``queue``; after each ``feed_data`` the queue is served strictly in order (HTTP/1.1 answers in
+request order, pipelined or not):
+
+- ``POST /pub`` / ``/mpub`` (exact paths; not when ``--tls-required`` refuses plain HTTP): the
+  body was buffered up to the route's limit (``None`` past it), then
+  ``NsqdHTTP.publish_steps`` checks it in nsqd's order and yields the broker calls; a call
+  that raises ``Backpressure`` (the owner shard's inbound ring is full) stops the queue, stops
+  reading, and is retried every ``BACKPRESSURE_RETRY`` seconds — never lost, never reordered.
+  ``Content-Length`` over the limit with ``Expect: 100-continue`` is refused at once (413,
+  connection closed: the client never sent the body); otherwise ``100 Continue`` is sent.
+- anything else: the ASGI app runs in a task (registered in ``server_state.tasks``, so a
+  graceful shutdown waits for it) with the buffered body; its answer is written once it is
+  complete, ``Content-Length`` added when the app gave none, no body for ``HEAD``. Reading is
+  paused until then. An app exception answers uvicorn's ``500 Internal Server Error``.
+
+Every answer carries uvicorn's default headers (``date``) and closes the connection when the
+request asked for it (``Connection: close``, HTTP/1.0 without keep-alive). A malformed request
+gets uvicorn's ``400 Invalid HTTP request received.`` and a close. Write back-pressure
+(``pause_writing``) pauses reading. ``shutdown()`` (graceful stop) closes an idle connection at
+once and a busy one once everything it received was answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from http import HTTPStatus
+from typing import Any, Protocol
+from urllib.parse import unquote
+
+import httptools
+import orjson
+
+from pynsqd.shard.broker import Backpressure
+from pynsqd.shard.http import BACKPRESSURE_RETRY, JSON_TYPE, TEXT_TYPE, HTTPError, Step
+
+log = logging.getLogger("pynsqd.shard")
+
+_PUBLISH_PATHS = (b"/pub", b"/mpub")
+_NSQ = b"x-nsq-content-type: nsq; version=1.0\r\n"
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_BAD_REQUEST = b"Invalid HTTP request received."
+_CRASHED = b"Internal Server Error"
+_TEXT = [(b"content-type", TEXT_TYPE.encode())]
+_JSON = [(b"content-type", JSON_TYPE.encode()), (b"x-nsq-content-type", b"nsq; version=1.0")]
+_STATUS = {int(s): b"HTTP/1.1 %d %s\r\n" % (s, s.phrase.encode()) for s in HTTPStatus}
+_ok: list[Any] = [None, b""]  # (the default headers it was built with, the whole 200 OK answer)
+
+
+class Publisher(Protocol):
+    """What the fast path needs of ``NsqdHTTP``."""
+
+    tls_required_port: int
+
+    def body_limit(self, path: str) -> int: ...
+
+    def check_length(self, path: str, content_length: int) -> None: ...
+
+    def publish_steps(self, path: str, query: bytes, body: bytes | None) -> Any: ...
+
+
+class _Request:
+    __slots__ = ("chunks", "content_length", "headers", "http_version", "keep_alive", "limit", "method",
+                 "publish", "size", "url")
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.limit = 0
+        self.publish = False  # served inline
+        self.keep_alive = True
+        self.content_length = -1
+        self.http_version = "1.1"
+
+    @property
+    def body(self) -> bytes | None:
+        return None if self.size > self.limit else b"".join(self.chunks)
+
+
+def http_protocol(publisher: Publisher) -> type[asyncio.Protocol]:
+    """The connection protocol class for uvicorn's ``Config(http=...)``, bound to ``publisher``."""
+
+    class Bound(HTTPConnection):
+        pass
+    Bound.publisher = publisher
+    return Bound
+
+
+class HTTPConnection(asyncio.Protocol):
+    """One HTTP connection to a shard (see the module doc)."""
+
+    publisher: Publisher
+
+    def __init__(self, config: Any, server_state: Any, app_state: Any = None, _loop: Any = None) -> None:
+        self.app = config.loaded_app
+        self.state = server_state
+        self.max_other_body = max(self.publisher.body_limit("/pub"), self.publisher.body_limit("/mpub"))
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: collections.deque[_Request] = collections.deque()
+        self.current: _Request | None = None
+        self.transport: asyncio.Transport | None = None
+        self.scheme = "http"
+        self.client: Any = None
+        self.server: Any = None
+        self.busy = False  # a request of the queue waits (a task, or a full ring)
+        self.closing = False
+        self.read_paused = False
+        self.write_paused = False
+        self._lost: asyncio.Future[None] | None = None  # made when the app waits for a disconnect
+
+    # --- asyncio.Protocol -----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a stream transport (uvloop's is no subclass)
+        self.state.connections.add(self)
+        self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                self.client, self.server = sock.getpeername(), sock.getsockname()
+            except OSError:
+                pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state.connections.discard(self)
+        self.closing = True
+        self.queue.clear()
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # served as a plain request, as uvicorn does without a websocket library
+        except httptools.HttpParserError:
+            self.queue.clear()
+            self._write(400, _TEXT, _BAD_REQUEST, close=True)
+            return
+        self._serve()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if not self.busy:
+            self._resume_reading()
+
+    def shutdown(self) -> None:
+        """Graceful stop (uvicorn calls it): close when idle, else after the current answer."""
+        self.closing = True
+        if self.transport is not None:
+            self._serve()
+
+    # --- httptools callbacks --------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.current = _Request()
+
+    def on_url(self, url: bytes) -> None:
+        assert self.current is not None
+        self.current.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.current is not None
+        self.current.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        req = self.current
+        assert req is not None and self.transport is not None
+        req.method = self.parser.get_method()
+        req.http_version = self.parser.get_http_version()
+        req.keep_alive = self.parser.should_keep_alive()
+        expect = False
+        for name, value in req.headers:
+            if name == b"content-length":
+                try:
+                    req.content_length = int(value)
+                except ValueError:
+                    req.content_length = -1
+            elif name == b"expect" and value.lower() == b"100-continue":
+                expect = True
+        path = req.url.partition(b"?")[0]
+        publisher = self.publisher
+        req.publish = (req.method == b"POST" and path in _PUBLISH_PATHS
+                       and not (publisher.tls_required_port and self.scheme != "https"))
+        if req.publish:
+            req.limit = publisher.body_limit(path.decode())
+            if expect and req.content_length > req.limit:
+                self.queue.append(req)  # answered in order; the body never comes: close after
+                req.keep_alive = False
+                self.current = None
+                return
+        else:
+            req.limit = self.max_other_body
+        if expect:
+            self.transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        req = self.current
+        if req is None:
+            return  # the body of a request refused at its headers
+        req.size += len(body)
+        if req.size <= req.limit:
+            req.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.current is not None:
+            self.queue.append(self.current)
+            self.current = None
+
+    # --- serving --------------------------------------------------------------------------
+    def _serve(self) -> None:
+        """Answer queued requests in order until one has to wait."""
+        transport = self.transport
+        assert transport is not None
+        while self.queue and not self.busy and not transport.is_closing():
+            req = self.queue.popleft()
+            if req.publish:
+                self._publish(req, None)
+            else:
+                self._pause_reading()
+                self.busy = True
+                task = asyncio.get_running_loop().create_task(self._asgi(req))
+                self.state.tasks.add(task)
+                task.add_done_callback(self.state.tasks.discard)
+        if transport.is_closing():
+            return
+        if self.closing and not self.busy and not self.queue and self.current is None:
+            transport.close()  # a graceful stop: everything received was answered
+        elif self.queue or self.busy:
+            self._pause_reading()
+        elif not self.write_paused:
+            self._resume_reading()
+
+    def _publish(self, req: _Request, steps: Any) -> None:
+        """Run ``req``'s publish steps; on ``Backpressure`` retry later (the queue waits)."""
+        path = req.url.partition(b"?")[0].decode()
+        pending: Step | None = None
+        try:
+            if steps is None:
+                self.publisher.check_length(path, req.content_length)
+                steps = self.publisher.publish_steps(path, req.url.partition(b"?")[2], req.body)
+            else:
+                pending, steps = steps
+            while True:
+                if pending is None:
+                    pending = next(steps, None)
+                    if pending is None:
+                        break
+                action, args = pending
+                action(*args)
+                pending = None
+        except Backpressure:
+            self.busy = True
+            self._pause_reading()
+            asyncio.get_running_loop().call_later(BACKPRESSURE_RETRY, self._retry, req, (pending, steps))
+            return
+        except HTTPError as exc:
+            self._write(exc.status, _JSON, orjson.dumps({"message": exc.message}), close=not req.keep_alive)
+            return
+        self._write_ok(close=not req.keep_alive)
+
+    def _retry(self, req: _Request, state: Any) -> None:
+        self.busy = False
+        if self.transport is None or self.transport.is_closing():
+            return  # the client went away: what it sent is not stored, and it was not told OK
+        self._publish(req, state)
+        self._serve()
+
+    async def _asgi(self, req: _Request) -> None:
+        raw_path, _, query = req.url.partition(b"?")
+        path = raw_path.decode("latin-1")
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+                 "http_version": req.http_version, "server": self.server, "client": self.client,
+                 "scheme": self.scheme, "method": req.method.decode("ascii"), "root_path": "",
+                 "path": unquote(path) if "%" in path else path, "raw_path": raw_path,
+                 "query_string": query, "headers": req.headers}
+        received = False
+        status = 0
+        headers: list[tuple[bytes, bytes]] = []
+        out: list[bytes] = []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal received
+            if not received:
+                received = True
+                return {"type": "http.request", "body": req.body or b"", "more_body": False}
+            if not self.closing:
+                if self._lost is None:
+                    self._lost = asyncio.get_running_loop().create_future()
+                await self._lost
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status, headers
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [(bytes(k).lower(), bytes(v)) for k, v in message.get("headers", [])]
+            elif message["type"] == "http.response.body":
+                out.append(message.get("body", b""))
+
+        try:
+            await self.app(scope, receive, send)
+        except Exception:
+            log.exception("HTTP %s %s failed", scope["method"], path)
+            status, headers, out = 500, list(_TEXT), [_CRASHED]
+            req.keep_alive = False
+        self.busy = False
+        if self.transport is None or self.transport.is_closing():
+            return
+        body = b"".join(out)
+        length = next((v for k, v in headers if k == b"content-length"), None)
+        if length is None:
+            headers.append((b"content-length", b"%d" % len(body)))
+        self._write(status or 500, headers, b"" if req.method == b"HEAD" else body,
+                    close=not req.keep_alive, length=False)
+        self._serve()
+
+    # --- writing --------------------------------------------------------------------------
+    def _write(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, close: bool,
+               length: bool = True) -> None:
+        """One whole answer in one write; ``length``: add its ``Content-Length``."""
+        assert self.transport is not None
+        parts = [_STATUS.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        for name, value in self.state.default_headers:
+            parts += [name, b": ", value, b"\r\n"]
+        for name, value in headers:
+            parts += [name, b": ", value, b"\r\n"]
+        if length:
+            parts.append(b"content-length: %d\r\n" % len(body))
+        if close:
+            parts.append(b"connection: close\r\n")
+        parts += [b"\r\n", body]
+        self.transport.write(b"".join(parts))
+        if close:
+            self.transport.close()
+
+    def _write_ok(self, close: bool) -> None:
+        assert self.transport is not None
+        if close:
+            self._write(200, [*_TEXT, _JSON[1]], b"OK", close=True)
+            return
+        defaults = self.state.default_headers
+        if _ok[0] is not defaults:  # uvicorn replaces the list each second (the date)
+            parts = [b"HTTP/1.1 200 OK\r\n"]
+            for name, value in defaults:
+                parts += [name, b": ", value, b"\r\n"]
+            parts += [b"content-type: ", TEXT_TYPE.encode(), b"\r\ncontent-length: 2\r\n", _NSQ, b"\r\nOK"]
+            _ok[:] = [defaults, b"".join(parts)]
+        self.transport.write(_ok[1])
+
+    def _pause_reading(self) -> None:
+        if not self.read_paused and self.transport is not None and not self.transport.is_closing():
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.read_paused and self.transport is not None and not self.transport.is_closing():
+            self.read_paused = False
+            self.transport.resume_reading()

@@ -1,0 +1,121 @@
+"""A shard's HTTP connection protocol (``shard/httpconn.py``) on the wire, over raw sockets:
+pipelining, keep-alive and ``Connection: close``, ``Expect: 100-continue``, bad requests."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from tests.harness import Daemon, scaled
+
+
+@pytest.fixture
+def conn(nsqd: Daemon) -> Iterator[socket.socket]:
+    with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
+        yield sock
+
+
+def pub(topic: str, body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST /pub?topic=%s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s" % (
+        topic.encode(), extra, len(body), body)
+
+
+class Reader:
+    """Answers read off one connection, in order."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buf += data
+        return bool(data)
+
+    def answer(self) -> tuple[int, dict[bytes, bytes], bytes]:
+        while b"\r\n\r\n" not in self.buf:
+            assert self._fill(), "connection closed before an answer"
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        headers = {k.lower(): v for k, _, v in (line.partition(b": ") for line in lines[1:])}
+        length = int(headers.get(b"content-length", b"0"))
+        while len(self.buf) < length:
+            assert self._fill(), "connection closed inside a body"
+        body, self.buf = self.buf[:length], self.buf[length:]
+        return int(lines[0].split()[1]), headers, body
+
+    def closed(self) -> bool:
+        return not self.buf and not self._fill()
+
+
+def test_pipelined_publishes_and_admin_calls_answer_in_order(nsqd: Daemon, conn: socket.socket) -> None:
+    conn.sendall(pub("pipe", b"one") + b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n" + pub("pipe", b"")
+                 + pub("pipe", b"two") + b"GET /stats?format=json&topic=pipe HTTP/1.1\r\nHost: x\r\n\r\n")
+    r = Reader(conn)
+    status, headers, body = r.answer()
+    assert (status, body) == (200, b"OK")
+    assert headers[b"content-type"] == b"text/plain; charset=utf-8"
+    assert headers[b"x-nsq-content-type"] == b"nsq; version=1.0"
+    assert b"date" in headers
+    assert r.answer()[::2] == (200, b"OK")  # /ping
+    status, headers, body = r.answer()
+    assert (status, json.loads(body)) == (400, {"message": "MSG_EMPTY"})
+    assert headers[b"content-type"] == b"application/json; charset=utf-8"
+    assert r.answer()[::2] == (200, b"OK")
+    status, _, body = r.answer()
+    assert status == 200 and json.loads(body)["topics"][0]["message_count"] == 2
+
+
+def test_connection_close_and_http_1_0_close_after_the_answer(nsqd: Daemon) -> None:
+    for request in (pub("closing", b"x", b"Connection: close\r\n"),
+                    b"POST /pub?topic=closing HTTP/1.0\r\nContent-Length: 1\r\n\r\nx",
+                    b"GET /info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"):
+        with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
+            sock.sendall(request)
+            r = Reader(sock)
+            status, headers, _ = r.answer()
+            assert (status, headers[b"connection"]) == (200, b"close")
+            assert r.closed()
+
+
+def test_expect_100_continue(nsqd: Daemon, conn: socket.socket) -> None:
+    r = Reader(conn)
+    conn.sendall(b"POST /pub?topic=cont HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+    assert r.answer()[0] == 100
+    conn.sendall(b"hello")
+    assert r.answer()[::2] == (200, b"OK")
+    # over --max-msg-size: refused before the body is sent, and the connection closed
+    conn.sendall(b"POST /pub?topic=cont HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                 b"Content-Length: 10000000\r\n\r\n")
+    status, _, body = r.answer()
+    assert (status, json.loads(body)) == (413, {"message": "MSG_TOO_BIG"})
+    assert r.closed()
+
+
+def test_a_malformed_request_gets_400_and_a_close(nsqd: Daemon, conn: socket.socket) -> None:
+    conn.sendall(b"POST /pub?topic=bad HTTP/1.1\r\nContent-Length: nope\r\n\r\n")
+    r = Reader(conn)
+    assert r.answer()[0] == 400
+    assert r.closed()
+
+
+def test_a_too_big_body_without_expect_is_read_and_refused_keeping_the_connection(
+        nsqd: Daemon, conn: socket.socket) -> None:
+    conn.sendall(pub("big", b"x" * (1024 * 1024 + 1)) + pub("big", b"fits"))
+    r = Reader(conn)
+    status, _, body = r.answer()
+    assert (status, json.loads(body)) == (413, {"message": "MSG_TOO_BIG"})
+    assert r.answer()[::2] == (200, b"OK")
+
+
+def test_head_has_no_body(nsqd: Daemon, conn: socket.socket) -> None:
+    conn.sendall(b"HEAD /ping HTTP/1.1\r\nHost: x\r\n\r\n" + b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+    r = Reader(conn)
+    while b"\r\n\r\n" not in r.buf:
+        assert r._fill()
+    head, _, r.buf = r.buf.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert r.answer()[::2] == (200, b"OK")  # the HEAD answer had no body before this one
