@@ -10,7 +10,10 @@ Theory of operation. ``NSQProtocol`` is a thin ``asyncio.Protocol``: ``data_rece
 - an error frame with a non-fatal code (``E_FIN_FAILED``/``E_REQ_FAILED``/``E_TOUCH_FAILED``,
   answers to commands that have no response) → the ``on_error`` callback; a fatal one → the
   oldest waiting future as ``ResponseError`` (nsqd closes the connection right after);
-- a message frame → the ``on_message`` callback, with the decoded message.
+- a message frame → the ``on_message`` callback, with the decoded message; or, once
+  ``deliver_batches`` switched the connection to batch mode, runs of consecutive message
+  frames → ``on_batch(frames, offsets)``, undecoded (``pynsqd.client.batch.FrameSplitter``
+  splits the stream; other frames are dispatched as above, in stream order).
 
 Writes are gathered: ``send`` appends to a buffer that is flushed once per loop iteration, so
 the FINs a handler issues for a whole batch of messages leave in one ``write``. A connection

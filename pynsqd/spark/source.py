@@ -9,9 +9,9 @@ runner per query: the only persistent Python object, so it owns the NSQ consumer
 executors in fresh, unpickled copies that share nothing with the runner.
 
 Offsets are ``{"seq": n, "hb": k}``. ``latestOffset`` takes up to ``maxBatch`` (or the
-engine's ``ReadMaxRows``) buffered messages, spools them into ``partitions`` files
-(``spool.py``) named for the new ``seq`` and returns ``{"seq": n + 1, "hb": 0}``; the messages
-stay in flight, held. ``partitions(start, end)`` lists those files; executors parse them into
+engine's ``ReadMaxRows``) buffered messages — as the client delivered them, ``MessageBatch``es
+of undecoded frames — spools the frames into ``partitions`` files (``spool.py``) named for the
+new ``seq`` and returns ``{"seq": n + 1, "hb": 0}``; the messages stay in flight, held. ``partitions(start, end)`` lists those files; executors parse them into
 Arrow batches in parallel. Spark calls ``commit(end)`` while planning the *next* batch, after
 the sink's commit and the ``commits/`` log entry for ``end`` are durable: only then does the
 runner FIN the batch's messages and delete its files. So:
@@ -47,8 +47,8 @@ from pynsqd.spark.options import SourceOptions
 from pynsqd.spark.spool import Segment, arrow_batches, write_spool
 
 # A Trigger.AvailableNow run waits this long for the first messages, and counts the topic as
-# drained after a quiet period this long. Both cover the consumer's RDY ramp (a new connection
-# holds RDY 1 until its first message is handled) on a busy host: a 1 s quiet period ended a
+# drained after a quiet period this long. Both cover a slow start on a busy host (connect, SUB,
+# a new connection's RDY 1 until its first delivery raises it): a 1 s quiet period once ended a
 # run after its first message under load. The cost is this many idle seconds at the end of a
 # batch-style run.
 AVAILABLE_NOW_WAIT = 5.0
