@@ -148,15 +148,15 @@ def test_touch_keeps_a_held_batch_past_its_timeout(nsqd: Daemon) -> None:
             held.append(batch)
 
         c = BatchConsumer("touchy", "ch", on_batch, nsqd_tcp_addresses=[tcp(nsqd)], max_in_flight=100,
-                          identity=Identity(msg_timeout=2000))
+                          identity=Identity(msg_timeout=4000))
         await c.start()
         await until(lambda: sum(len(b) for b in held) == 50, what="50 held messages")
         loop = asyncio.get_running_loop()
-        end = loop.time() + 5.0  # 2.5 message timeouts, touched every 0.4 s
+        end = loop.time() + 9.0  # 2.25 message timeouts, touched every 0.25 s (slack for a loaded host)
         while loop.time() < end:
             for batch in held:
                 batch.touch()
-            await asyncio.sleep(0.4)
+            await asyncio.sleep(0.25)
         for batch in held:
             batch.finish()
         await until(lambda: channel_stats(nsqd, "touchy", "ch")["in_flight_count"] == 0, what="FINs")
