@@ -7,7 +7,9 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 
 from pynsqd.shm.segment import list_segments
-from pynsqd.wire.commands import encode_auth, encode_mpub, encode_pub, encode_rdy, encode_sub
+from pynsqd.wire.commands import encode_auth, encode_dpub, encode_fin, encode_mpub, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE
 from tests.authserver import AuthServer, grant
 from tests.certs import Certs
@@ -476,3 +478,91 @@ def test_an_inbound_ring_survives_kill_9_of_the_whole_tree_and_a_clean_exit_remo
     assert again.stop() == 0
     # empty rings are removed on a clean exit; the queues' segments stay for the next start
     assert [n for n in list_segments(str(tmp_path / "data")) if "-inbound-" in n] == []
+
+
+def _stop_away_owner(nsqd: Daemon, tmp_path: Path, p: RawClient, prefix: str) -> tuple[str, int]:
+    """With ``p`` living on the owner of ``<prefix>_home``: a topic owned by the other shard,
+    and that shard's pid."""
+    p.send(encode_pub(f"{prefix}_home", b"x"))
+    assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+    home = owners(tmp_path)[f"{prefix}_home"]
+    away = next(f"{prefix}_away{i}" for i in range(50)
+                if _owner_after_create(nsqd, tmp_path, f"{prefix}_away{i}") != home)
+    return away, get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][owners(tmp_path)[away]]["pid"]
+
+
+def test_a_cross_shard_dpub_is_due_counted_from_its_ok(node: NodeFactory, tmp_path: Path) -> None:
+    """The owner drains the DPUB late (stopped past the due time): the delay still counts
+    from the OK, not from the drain."""
+    nsqd = node("--shards=2")
+    delay = 2.0
+    with RawClient(nsqd.tcp) as p, RawClient(nsqd.tcp) as c:
+        away, pid = _stop_away_owner(nsqd, tmp_path, p, "due")
+        c.subscribe(away, "ch", rdy=10)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            p.send(encode_dpub(away, int(delay * 1000), b"later"))
+            assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+            due = time.time() + delay
+            wait_for(lambda: time.time() > due + 0.5, delay + 5, what="the due time, owner stopped")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        resumed = time.time()
+        m = c.read_message(timeout=scaled(10) + delay)
+        arrived = time.time()
+    assert m.body == b"later"
+    assert arrived >= due - 0.05
+    assert arrived < resumed + delay  # counted from the drain it could not arrive before this
+
+
+@pytest.mark.parametrize("restart_shards", [1, 2])
+def test_an_inbound_ring_left_by_a_run_with_another_shard_count_is_not_lost(
+        node: NodeFactory, tmp_path: Path, restart_shards: int) -> None:
+    """kill -9 while the owner had not drained its ring, restart with another --shards: the
+    rescued ring's messages (ready and deferred, due time kept) reach the topic's new owner."""
+    nsqd = node("--shards=3")
+    with RawClient(nsqd.tcp) as p:
+        away, pid = _stop_away_owner(nsqd, tmp_path, p, "resc")
+        os.kill(pid, signal.SIGSTOP)  # the owner never drains: the OKed batches are only in shm
+        p.send(encode_mpub(away, [b"kept-%d" % i for i in range(50)]))
+        assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+        p.send(encode_dpub(away, 3000, b"later"))
+        assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+        due = time.time() + 3.0
+    nsqd.kill()
+    again = node(f"--shards={restart_shards}")
+    arrived: dict[bytes, float] = {}
+    with RawClient(again.tcp) as c:
+        c.subscribe(away, "ch", rdy=100)
+        while len(arrived) < 51:
+            m = c.read_message(timeout=scaled(10) + 3)
+            assert m.body not in arrived
+            arrived[m.body] = time.time()
+            c.send(encode_fin(m.id))
+    assert set(arrived) == {b"kept-%d" % i for i in range(50)} | {b"later"}
+    assert arrived[b"later"] >= due - 0.05
+    if restart_shards == 1:  # no pair of this run: drained to disk and removed
+        assert [n for n in list_segments(str(tmp_path / "data")) if "-inbound-" in n] == []
+
+
+def test_a_cross_shard_batch_the_owner_cannot_store_stays_in_the_ring_until_it_can(
+        node: NodeFactory, tmp_path: Path) -> None:
+    """The owner's disk refuses writes (RLIMIT_FSIZE): an acknowledged cross-shard batch is
+    not dropped but retried, and stored once the disk takes it again."""
+    nsqd = node("--shards=2", "--mem-queue-size=0")  # every message goes to the disk queue
+    with RawClient(nsqd.tcp) as p:
+        away, pid = _stop_away_owner(nsqd, tmp_path, p, "full")
+        subprocess.run(["prlimit", f"--pid={pid}", "--fsize=1:unlimited"], check=True)
+        try:
+            p.send(encode_mpub(away, [b"held-%d" % i for i in range(10)]))
+            assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+            wait_for(lambda: "failed to store 10 cross-shard message(s)" in nsqd.output, 20,
+                     what="the owner's failed write")
+            assert _topic_count(nsqd, away) == 0
+        finally:
+            subprocess.run(["prlimit", f"--pid={pid}", "--fsize=unlimited:unlimited"], check=True)
+    wait_for(lambda: _topic_count(nsqd, away) == 10, 20, what="the batch stored on retry")
+    with RawClient(nsqd.tcp) as c:
+        c.subscribe(away, "ch", rdy=20)
+        assert sorted(c.read_message(timeout=scaled(10)).body for _ in range(10)) == sorted(
+            b"held-%d" % i for i in range(10))

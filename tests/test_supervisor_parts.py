@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from pynsqd.shard import metadata
 from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.crossshard import decode_batch, encode_batch
+from pynsqd.shard.crossshard import decode_batch, encode_batch, ring_name
+from pynsqd.shard.node import make_backend
+from pynsqd.shm import sidecar, store
+from pynsqd.shm.ring import HEADER_SIZE as RING_HEADER_SIZE
+from pynsqd.shm.ring import ByteRing
+from pynsqd.shm.segment import Segment, list_segments, segment_name, unlink_segment
+from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.aggregate import merge_stats
 from pynsqd.supervisor.control import CHUNK, ControlChannel, channel_pair
 from pynsqd.supervisor.handoff import Greeting
 from pynsqd.supervisor.placement import Placement
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import CommandParser, encode_command, encode_identify, encode_mpub, encode_pub
+from pynsqd.wire.message import HEADER
 from tests.conftest import run_async
 
 
@@ -187,3 +197,53 @@ def test_merge_stats_is_one_node_in_the_single_node_shape() -> None:
     assert doc["memory"] == {"heap_objects": 2, "gc_total_runs": 4}
     assert doc["supervisor"] == {"shards": 2, "handoffs": 2, "cross_shard_sent": 10}
 
+
+
+def test_a_leftover_ring_of_another_shard_count_goes_to_disk_and_a_look_alike_queue_is_kept(
+        tmp_path: Path) -> None:
+    """``leftover_rings.rescue`` (1 shard now, a ring 0→1 left): ready messages to the
+    topic's disk queue, deferred ones to its journal, the topic into nsqd.dat, the ring
+    unlinked; a queue whose name merely ends like a ring's is not touched."""
+    data = str(tmp_path)
+    opts = NsqdOptions(data_path=data)
+    segment, log_, _ = store.open_log(data, "topic", "x-inbound-0-1", 1 << 16)
+    ring_seg = Segment.open(ring_name(data, 0, 1), 1 << 16, create=True)
+    try:
+        ring = ByteRing(ring_seg.buf, init=True)
+        msgs = [HEADER.pack(1, 0, b"%016d" % i) + b"body%d" % i for i in range(3)]
+        assert ring.put(encode_batch("t", msgs[:2], 10, 0))
+        assert ring.put(encode_batch("t", msgs[2:], 5, time.monotonic_ns() + 60 * 10**9))
+        ring.close()
+        topics: list[Any] = []
+        assert leftover_rings.rescue(opts, 1, lambda topic: 0, topics) == set()
+        names = list_segments(data)
+        assert ring_name(data, 0, 1) not in names and segment_name(data, "topic", "x-inbound-0-1") in names
+        assert topics == [("t", False, [])] and metadata.load(data)[0][0] == "t"
+        queue = make_backend(opts, "t")
+        assert queue.read_many(10) == msgs[:2]
+        queue.close()
+        journal = sidecar.read_journal(sidecar.journal_of(sidecar.sidecar_path(data, "t")), logging.getLogger())
+        assert [m for _, m in journal] == msgs[2:] and journal[0][0] > time.time_ns() + 50 * 10**9
+    finally:
+        log_.close()
+        for seg in (segment, ring_seg):
+            seg.close()
+        for name in list_segments(data):
+            unlink_segment(name)
+
+
+def test_a_corrupt_leftover_ring_is_logged_and_removed_not_a_failed_start(tmp_path: Path) -> None:
+    data = str(tmp_path)
+    seg = Segment.open(ring_name(data, 2, 0), 1 << 16, create=True)
+    try:
+        ring = ByteRing(seg.buf, init=True)
+        assert ring.put(encode_batch("t", [b"x" * 40], 1, 0))
+        ring.close()
+        seg.buf[RING_HEADER_SIZE:RING_HEADER_SIZE + 8] = b"\xff" * 8  # the record's length frame
+        topics: list[Any] = []
+        assert leftover_rings.rescue(NsqdOptions(data_path=data), 2, lambda topic: 0, topics) == set()
+        assert topics == [] and ring_name(data, 2, 0) not in list_segments(data)
+    finally:
+        seg.close()
+        for name in list_segments(data):
+            unlink_segment(name)

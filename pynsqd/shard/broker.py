@@ -258,7 +258,11 @@ class Broker:
             router.forward(topic_name, [record], len(body), delay_ms * MS)
             return
         topic = self.get_topic(topic_name)
-        topic.put_deferred(record, delay_ms * MS, time.monotonic_ns(), len(body))
+        try:  # a full log journals the message on disk first (``MessageQueue.append``)
+            topic.put_deferred(record, delay_ms * MS, time.monotonic_ns(), len(body))
+        except OSError as exc:
+            self.health = f"NOK - {exc}"
+            raise BrokerError(str(exc)) from exc
 
     # --- metadata -------------------------------------------------------------------------
     def registrations(self) -> list[tuple[str, list[str]]]:

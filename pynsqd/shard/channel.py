@@ -119,7 +119,7 @@ class Channel:
         wall = due - time.monotonic_ns() + time.time_ns()
         if pos is None:
             pos = self.queue.append(record, DEFERRED, wall)
-            if pos is None:  # no room in shared memory: held in this process only
+            if pos is None:  # no room in shared memory: journaled on disk, held in memory
                 log.warning("%r: shared memory full; a deferred message is held in memory", self)
                 pos = -1
         else:
@@ -258,8 +258,12 @@ class Channel:
                 self.queue.put_many(memory_only)
             except Exception:  # the backend failed: defer them a little rather than lose them
                 log.exception("%r: backend write failed while requeueing; retrying in 1s", self)
-                for record in memory_only:
-                    self._defer(record, time.monotonic_ns() + 1_000_000_000, None)
+                retry = time.monotonic_ns() + 1_000_000_000
+                for record in memory_only:  # still in the queue's journal
+                    self.deferred.push(retry, record)
+                    self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = -1
+                return
+            self.queue.unjournal(len(memory_only))
 
     # --- timers ---------------------------------------------------------------------------
     def process_timers(self, now: int) -> bool:

@@ -15,12 +15,20 @@ Each ring has one producer process and one consumer process (SPSC, the ring's co
 owner is woken through its eventfd, written once per loop turn by each producer with pending
 records. The owner drains with ``peek_many`` → apply → ``consume``, so a crash between apply
 and consume replays the batch (at-least-once), and a restarted owner first drains whatever
-its rings hold. Draining is bounded per turn (``DRAIN_BATCH`` records per ring) and
+its rings hold. A batch the owner cannot store (its disk queue fails) stays in the ring and
+is retried every ``STORE_RETRY``, never dropped. Draining is bounded per turn (``DRAIN_BATCH`` records per ring) and
 rescheduled, so a flood from one ring never blocks the owner's loop; it also drains before
 answering a stats request, so ``OK`` → ``/stats`` always shows the message.
 
-Record: ``[1B kind "P"][2B topic length][topic][8B delay ns][4B body bytes][4B count]``
-then ``count`` times ``([4B length][encoded message])``; ``count`` 0 means "create the topic".
+A DPUB's record carries its absolute due time (``CLOCK_MONOTONIC`` ns, one clock for every
+process of the host, and the rings do not outlive the host's uptime), taken when the
+producer wrote the record, i.e. just before the ``OK``: the delay counts from the publish,
+not from when the owner drains the ring (the owner may be restarting).
+
+Record: ``[1B kind "D"][2B topic length][topic][8B due ns, 0 = not deferred][4B body
+bytes][4B count]`` then ``count`` times ``([4B length][encoded message])``; ``count`` 0
+means "create the topic". Kind ``"P"`` (an older release: the 8 bytes are the delay,
+counted from the drain) is still read, so a ring left by an upgrade is not dropped.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ def ring_size() -> int:
         return RING_SIZE
     return max(4096, min(RING_SIZE, soft // 4096 * 4096))
 DRAIN_BATCH = 256
+STORE_RETRY = 1.0  # seconds before the owner retries a batch it could not store
 _HEAD = struct.Struct(">H")
 _TAIL = struct.Struct(">QII")
 _LEN = struct.Struct(">I")
@@ -91,9 +100,10 @@ def release_rings(segments: list[Segment]) -> None:
             seg.unlink()
 
 
-def encode_batch(topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> bytes:
+def encode_batch(topic: str, records: list[bytes], body_bytes: int, due_ns: int) -> bytes:
+    """``due_ns``: when a deferred batch falls due (``time.monotonic_ns()``), 0 for none."""
     name = topic.encode()
-    parts = [b"P", _HEAD.pack(len(name)), name, _TAIL.pack(delay_ns, body_bytes, len(records))]
+    parts = [b"D", _HEAD.pack(len(name)), name, _TAIL.pack(due_ns, body_bytes, len(records))]
     for record in records:
         parts.append(_LEN.pack(len(record)))
         parts.append(record)
@@ -101,13 +111,17 @@ def encode_batch(topic: str, records: list[bytes], body_bytes: int, delay_ns: in
 
 
 def decode_batch(data: bytes) -> tuple[str, list[bytes], int, int]:
-    """→ (topic, records, body bytes, delay ns). Raises ``ValueError`` on a bad record."""
-    if data[:1] != b"P" or len(data) < 3:
+    """→ (topic, records, body bytes, due monotonic ns or 0). Raises ``ValueError`` on a
+    bad record."""
+    kind = data[:1]
+    if kind not in (b"D", b"P") or len(data) < 3:
         raise ValueError("not a publish record")
     (n,) = _HEAD.unpack_from(data, 1)
     pos = 3 + n
     topic = data[3:pos].decode("utf-8", "surrogateescape")
-    delay, body_bytes, count = _TAIL.unpack_from(data, pos)
+    due, body_bytes, count = _TAIL.unpack_from(data, pos)
+    if kind == b"P" and due:  # an older release's relative delay
+        due += time.monotonic_ns()
     pos += _TAIL.size
     records = []
     for _ in range(count):
@@ -117,7 +131,7 @@ def decode_batch(data: bytes) -> tuple[str, list[bytes], int, int]:
         pos += size
     if pos != len(data):
         raise ValueError("publish record length mismatch")
-    return topic, records, body_bytes, delay
+    return topic, records, body_bytes, due
 
 
 class Outbound:
@@ -138,16 +152,20 @@ class Outbound:
         self._wake_handle: asyncio.Handle | None = None
 
     def put(self, owner: int, topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> None:
-        """Store a batch in ``owner``'s ring. Raises ``Backpressure`` when it does not fit now,
-        ``BrokerError`` when one message could never fit (a ring shrunk by RLIMIT_FSIZE)."""
+        """Store a batch in ``owner``'s ring (a deferred one due ``delay_ns`` from now).
+        Raises ``Backpressure`` when it does not fit now, ``BrokerError`` when one message
+        could never fit (a ring shrunk by RLIMIT_FSIZE)."""
+        self._put(owner, topic, records, body_bytes, time.monotonic_ns() + delay_ns if delay_ns else 0)
+
+    def _put(self, owner: int, topic: str, records: list[bytes], body_bytes: int, due_ns: int) -> None:
         ring = self.rings[owner]
-        data = encode_batch(topic, records, body_bytes, delay_ns)
+        data = encode_batch(topic, records, body_bytes, due_ns)
         if len(data) > ring.max_record_size:
             if len(records) <= 1:
                 raise BrokerError(f"message too large for the inbound ring of shard {owner}")
             half = len(records) // 2  # only for batches larger than a ring could ever hold
-            self.put(owner, topic, records[:half], 0, delay_ns)
-            self.put(owner, topic, records[half:], body_bytes, delay_ns)
+            self._put(owner, topic, records[:half], 0, due_ns)
+            self._put(owner, topic, records[half:], body_bytes, due_ns)
             return
         if not ring.put(data):
             self._wake(owner)
@@ -208,54 +226,69 @@ class Inbound:
 
     def drain(self, limit: int | None = DRAIN_BATCH) -> int:
         """Apply up to ``limit`` records per ring (all when None); reschedules if more wait."""
+        if self._again is not None:
+            self._again.cancel()
         self._again = None
         applied = 0
-        more = False
+        more = stalled = False
         for ring in self.rings:
             while True:
                 batch = ring.peek_many(limit or DRAIN_BATCH)
                 if not batch:
                     break
+                done = 0
                 for data in batch:
-                    self._apply(data)
-                ring.consume(len(batch))
-                applied += len(batch)
+                    if not self._apply(data):
+                        break
+                    done += 1
+                ring.consume(done)
+                applied += done
+                if done < len(batch):  # stays in the ring: retried, never dropped
+                    stalled = True
+                    break
                 if limit is not None:
                     more = more or len(ring) > 0
                     break
-        if more and self._loop is not None and self._again is None:
-            self._again = self._loop.call_soon(self.drain)
+        if self._loop is not None and (stalled or more):
+            self._again = (self._loop.call_later(STORE_RETRY, self.drain) if stalled
+                           else self._loop.call_soon(self.drain))
         return applied
 
-    def _apply(self, data: bytes) -> None:
+    def _apply(self, data: bytes) -> bool:
+        """Store one batch; False when the owner cannot store it now (the batch stays in the
+        ring, acknowledged: it is retried after ``STORE_RETRY``, and kept across an exit)."""
         try:
-            topic_name, records, body_bytes, delay = decode_batch(data)
+            topic_name, records, body_bytes, due = decode_batch(data)
         except (ValueError, struct.error) as exc:
             log.error("inbound ring: dropping a corrupt record - %s", exc)
-            return
+            return True
         broker = self.broker
         topic = broker.get_topic(topic_name)
         if not records:
-            return
+            return True
         try:
-            if delay:
+            if due:  # counted from the publish: what is left of the delay (0 if it passed)
                 now = time.monotonic_ns()
                 for record in records:
-                    topic.put_deferred(record, delay, now, body_bytes)
+                    topic.put_deferred(record, max(0, due - now), now, body_bytes)
             else:
                 topic.put_many(records, body_bytes)
         except Exception as exc:
             broker.health = f"NOK - {exc}"
-            log.error("TOPIC(%s): failed to store %d cross-shard message(s) - %s",
+            log.error("TOPIC(%s): failed to store %d cross-shard message(s), retrying - %s",
                       topic_name, len(records), exc)
-            return
+            return False
         self.received += len(records)
+        return True
 
     def stop(self) -> None:
+        """No more wake-ups or retries; a final ``drain(None)`` may still run."""
         if self._loop is not None:
             self._loop.remove_reader(self.wake_fd)
+        self._loop = None
         if self._again is not None:
             self._again.cancel()
+            self._again = None
 
     def close(self) -> None:
         for ring in self.rings:

@@ -19,8 +19,12 @@ A durable queue (one with a ``sidecar`` path) does not leave its messages in sha
 on a clean ``close``: ready and in-flight records go to the disk queue (attempts as
 stored), deferred ones with their due times to the sidecar file (``pynsqd.shm.sidecar``);
 only when both are on disk is the segment unlinked, so a kill -9 in between gives
-duplicates, never loss, and a reboot after a clean stop loses nothing. ``recover`` loads
-the sidecar back as deferred records (after the segment's own, if one was left).
+duplicates, never loss, and a reboot after a clean stop loses nothing. A deferred message
+that finds no room in the log while the process runs is appended to the queue's journal
+(``pynsqd.shm.sidecar``) before it is acknowledged; the owner holds it in memory and the
+journal goes once all of its messages are stored elsewhere. ``recover`` loads the sidecar
+and the journal back as deferred records (after the segment's own, if one was left).
+Spilled messages are read back with the backend's peek, stored in the log, then committed.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ class Backend(Protocol):
     @property
     def depth(self) -> int: ...
     def put_many(self, records: Sequence[bytes]) -> None: ...
-    def read_many(self, max_count: int) -> list[bytes]: ...
+    def peek_many(self, max_count: int) -> list[bytes]: ...
+    def commit(self) -> None: ...
     def empty(self) -> None: ...
     def delete(self) -> None: ...
     def close(self) -> None: ...
@@ -61,8 +66,11 @@ class DropBackend:
     def put_many(self, records: Sequence[bytes]) -> None:
         self.dropped += len(records)
 
-    def read_many(self, max_count: int) -> list[bytes]:
+    def peek_many(self, max_count: int) -> list[bytes]:
         return []
+
+    def commit(self) -> None:
+        pass
 
     def empty(self) -> None:
         pass
@@ -83,13 +91,16 @@ class MessageQueue:
     """Ready messages in a shared-memory log, then the backend. ``put_many`` may raise the
     backend's error (then nothing was stored)."""
 
-    __slots__ = ("_done", "again", "backend", "cursor", "largest", "limit", "live", "log", "on_move",
-                 "ready", "recovering", "segment", "sidecar")
+    __slots__ = ("_done", "again", "backend", "cursor", "journal", "journaled", "largest", "limit", "live",
+                 "log", "on_move", "ready", "recovering", "segment", "sidecar")
 
     def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
                  recovering: bool = False, sidecar: str | None = None) -> None:
         self.log = log
         self.sidecar = sidecar  # where deferred messages wait across a clean exit (durable only)
+        # where deferred messages without room in the log wait while this process runs
+        self.journal = None if sidecar is None else sidecar_file.journal_of(sidecar)
+        self.journaled = 0  # messages in the journal not yet stored elsewhere
         self.recovering = recovering  # the owner calls ``recover`` first
         self.again: dict[int, None] = {}  # READY records behind the cursor (requeued in place)
         self.segment = segment
@@ -117,25 +128,32 @@ class MessageQueue:
         self.ready = ready
         self.live = live
         self.cursor = self.log.read_index
-        if self.sidecar is not None:
-            deferred += self._load_sidecar(self.sidecar)
+        if self.sidecar is not None and self.journal is not None:
+            deferred += self._load_files(self.sidecar, self.journal)
         return deferred
 
-    def _load_sidecar(self, path: str) -> list[tuple[int, int, bytes]]:
-        """The deferred messages a clean exit wrote, appended to the log (no ``make_room``:
-        the owner does not know the recovered positions yet); the file is removed once
-        every one of them is in shared memory."""
+    def _load_files(self, path: str, journal: str) -> list[tuple[int, int, bytes]]:
+        """The deferred messages of the sidecar (a clean exit) and of the journal (no room
+        while running), appended to the log (no ``make_room``: the owner does not know the
+        recovered positions yet). Those still without room become the journal; then the
+        sidecar is removed (a crash in between loads some twice, never loses one)."""
         out = []
-        for due, message in sidecar_file.read(path, logger):
+        unplaced = []
+        for due, message in sidecar_file.read(path, logger) + sidecar_file.read_journal(journal, logger):
             pos = self.log.append(message, DEFERRED, due)
-            if pos is not None:
+            if pos is None:
+                unplaced.append((due, message))
+            else:
                 self.live += 1
             out.append((-1 if pos is None else pos, due, message))
-        if out and all(pos >= 0 for pos, _, _ in out):
+        if out or os.path.exists(journal):  # rewritten: no torn tail left to append behind
             try:
+                sidecar_file.write_journal(journal, unplaced)
+                self.journaled = len(unplaced)
                 sidecar_file.remove(path)
             except OSError as exc:  # kept: loaded again next time (a duplicate, never a loss)
-                logger.error("failed to remove %s - %s", path, exc)
+                logger.error("failed to rewrite %s - %s", journal, exc)
+                self.journaled = len(out)
         return out
 
     # --- in ---------------------------------------------------------------------------
@@ -164,7 +182,10 @@ class MessageQueue:
         self.put_many((record,))
 
     def append(self, record: bytes, state: int, due: int) -> int | None:
-        """Store one non-ready record (deferred); its position, or None without room."""
+        """Store one deferred record (``due`` wall-clock ns); its position, or None without
+        room in the log: then a durable queue appends it to its journal (raising
+        ``OSError`` when it cannot: nothing stored) and the owner holds it in memory, and
+        calls ``unjournal`` once it is stored elsewhere."""
         log = self.log
         frame = log.frame_of(len(record))
         pos = log.append(record, state, due)
@@ -172,7 +193,25 @@ class MessageQueue:
             pos = log.append(record, state, due)
         if pos is not None:
             self.live += 1
+        elif self.journal is not None:
+            sidecar_file.append_journal(self.journal, due, record)
+            self.journaled += 1
         return pos
+
+    def unjournal(self, count: int) -> None:
+        """``count`` messages ``append`` journaled are stored elsewhere now (the log, the
+        backend, a channel); the journal is removed when none is left."""
+        if self.journal is None or count <= 0 or not self.journaled:
+            return
+        self.journaled = max(0, self.journaled - count)
+        if not self.journaled:
+            self._remove(self.journal)
+
+    def _remove(self, path: str) -> None:
+        try:
+            sidecar_file.remove(path)
+        except OSError as exc:  # kept: loaded again next time (a duplicate, never a loss)
+            logger.error("failed to remove %s - %s", path, exc)
 
     # --- out --------------------------------------------------------------------------
     def requeue(self, pos: int) -> None:
@@ -221,11 +260,12 @@ class MessageQueue:
                     break
                 continue
             try:
-                records = self.backend.read_many(batch)
+                records = self.backend.peek_many(batch)
             except Exception:  # a read error is the backend's to log; serve what we have
                 logger.exception("failed to read from %r", self.backend)
                 break
             if not records:
+                self._commit()  # a peek may have skipped a corrupt file
                 break
             self.largest = max(self.largest, *map(len, records))
             n = log.append_ready(records)
@@ -241,7 +281,15 @@ class MessageQueue:
                 except Exception:
                     logger.exception("%d messages read back from %r could not be stored", len(records) - n,
                                      self.backend)
+            self._commit()  # only now: a crash before it reads them again (duplicates)
+            if n < len(records):
                 break
+
+    def _commit(self) -> None:
+        try:
+            self.backend.commit()
+        except Exception:  # kept unconsumed: read again later (duplicates, never loss)
+            logger.exception("failed to commit a read of %r", self.backend)
 
     def finish(self, pos: int) -> None:
         """The record at ``pos`` is done (FIN, sampled out, handed on by a topic)."""
@@ -292,11 +340,10 @@ class MessageQueue:
         self.ready = self.live = self._done = 0
         self.again.clear()
         self.backend.empty()
-        if self.sidecar is not None:
-            try:
-                sidecar_file.remove(self.sidecar)
-            except OSError as exc:
-                logger.error("failed to remove %s - %s", self.sidecar, exc)
+        self.journaled = 0
+        for path in (self.sidecar, self.journal):
+            if path is not None:
+                self._remove(path)
 
     def close(self, delete: bool = False, deferred: Sequence[tuple[int, bytes]] = ()) -> None:
         """Shut down. ``delete`` removes everything (disk files, sidecar, segment). Otherwise a
@@ -313,6 +360,7 @@ class MessageQueue:
             if deferred:
                 try:
                     self.backend.put_many([message for _, message in deferred])
+                    self.unjournal(len(deferred))
                 except Exception:
                     logger.exception("%d deferred messages lost on exit", len(deferred))
             self.backend.close()
@@ -331,6 +379,8 @@ class MessageQueue:
                 self.backend.put_many(ready[start:start + PERSIST_BATCH])
             self.backend.close()  # syncs the data and persists the metadata
             sidecar_file.write(path, deferred + list(held))
+            if self.journal is not None:
+                sidecar_file.remove(self.journal)
         except Exception:
             logger.exception("failed to move %r to disk; its messages stay in shared memory", self.backend)
             try:
@@ -348,5 +398,6 @@ def segment_queue(data_path: str, limit: int, capacity: int, kind: str, name: st
     left deferred messages in its sidecar file). ``#ephemeral`` queues have no sidecar."""
     segment, log_, existed = open_log(data_path, kind, name, capacity)
     sidecar = None if isinstance(backend, DropBackend) else sidecar_file.sidecar_path(data_path, name)
-    recovering = existed or (sidecar is not None and os.path.exists(sidecar))
+    recovering = existed or (sidecar is not None and (
+        os.path.exists(sidecar) or os.path.exists(sidecar_file.journal_of(sidecar))))
     return MessageQueue(log_, limit, backend, segment, recovering=recovering, sidecar=sidecar)

@@ -85,12 +85,16 @@ class Topic:
             return
         queue = self.queue
         if self.waiting_deferred:
+            held = 0
             for record, due, pos in self.waiting_deferred:
                 for channel in self.channels.values():
                     channel.put_deferred(record, due)
                 if pos >= 0:
                     queue.finish(pos)
+                else:
+                    held += 1
             self.waiting_deferred.clear()
+            queue.unjournal(held)
         positions, records = queue.take(DRAIN_CHUNK)
         if records:
             for channel in self.channels.values():

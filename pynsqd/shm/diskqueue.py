@@ -23,6 +23,12 @@ stale metadata; opening repairs what it finds:
   than recorded: the files are scanned to rebuild the depth, writing moves to a fresh file;
 * a stale read position re-delivers records read since the last sync (at least once).
 
+``peek_many`` reads records without consuming them and ``commit`` consumes everything peeked:
+a sync persists only the committed read position (and counts uncommitted records in the
+depth), and a file read past is deleted only once a committed position has left it. A caller
+that stores what it peeked elsewhere before committing sees duplicates after a crash at any
+point, never a loss (``read_many`` is the two in one call).
+
 A record that cannot be parsed while reading (size outside [min, max], a torn record) makes
 the whole file ``<file>.bad`` (a missing file is skipped); reading goes on with the next file
 and the depth is recounted from the files that remain (one sequential scan, only on
@@ -88,6 +94,8 @@ class DiskQueue:
         self._rbuf_start = 0
         self._read_end: int | None = None    # size of the read file once writing has left it
         self._consumed: list[int] = []       # read files to delete once metadata moved past them
+        self._pending = 0                    # records peeked and not yet committed
+        self._sync_due = False               # a peek finished or skipped a file
         self._count = 0
         self._last_sync_ns = time.monotonic_ns()
         self._seq = 0
@@ -100,6 +108,7 @@ class DiskQueue:
             raise DiskQueueError(f"DISKQUEUE({name}) cannot open in {data_path}: {exc}") from exc
         self._depth, self._read_file, self._read_pos, self._write_file, self._write_pos = (
             state.depth, state.read_file, state.read_pos, state.write_file, state.write_pos)
+        self._committed = (self._read_file, self._read_pos)  # the read position a sync persists
 
     @property
     def depth(self) -> int:
@@ -201,6 +210,14 @@ class DiskQueue:
 
     def read_many(self, max_count: int) -> list[bytes]:
         """Up to ``max_count`` records in order, consumed. Corrupt files are skipped (logged)."""
+        out = self.peek_many(max_count)
+        self.commit()
+        return out
+
+    def peek_many(self, max_count: int) -> list[bytes]:
+        """Up to ``max_count`` records after those already peeked, not yet consumed: a sync
+        persists the read position of the last ``commit``, so a crash before it reads them
+        again (duplicates, never loss). ``depth`` already leaves them out."""
         out: list[bytes] = []
         if max_count <= 0:
             return out
@@ -208,17 +225,26 @@ class DiskQueue:
             self._check_open()
             due = self._read_locked(max_count, out)
             self._depth -= len(out)
-            self._count += len(out)
+            self._pending += len(out)
             if (self._read_file, self._read_pos) == (self._write_file, self._write_pos) and self._depth:
                 self._log.error("DISKQUEUE(%s) %s depth at tail (%d), %s, resetting 0...", self.name,
                                 *(("negative", self._depth, "metadata corruption") if self._depth < 0
                                   else ("positive", self._depth, "data loss")))
                 self._depth = 0
                 due = True
-            due = due or self._count >= self._sync_every
+            self._sync_due = self._sync_due or due
+        return out
+
+    def commit(self) -> None:
+        """Consume every record peeked so far (the caller has stored them elsewhere)."""
+        with self._lock:
+            self._check_open()
+            self._committed = (self._read_file, self._read_pos)
+            self._count += self._pending
+            self._pending = 0
+            due, self._sync_due = self._sync_due or self._count >= self._sync_every, False
         if due:
             self._sync_logged()
-        return out
 
     def _read_locked(self, max_count: int, out: list[bytes]) -> bool:
         """Fill ``out``; returns whether a sync is due (a file finished or skipped)."""
@@ -327,13 +353,14 @@ class DiskQueue:
                 return
             self._seq += 1
             seq = self._seq
-            meta = Meta(self._depth, self._read_file, self._read_pos, self._write_file, self._write_pos)
+            meta = Meta(self._depth + self._pending, *self._committed, self._write_file, self._write_pos)
             try:
                 fds = [*self._rolled.values(), *([os.dup(self._wfd)] if self._wfd >= 0 else [])]
             except OSError as exc:
                 raise DiskQueueError(f"DISKQUEUE({self.name}) failed to sync - {exc}") from exc
             self._rolled = {}
-            consumed, self._consumed = self._consumed, []
+            consumed = [num for num in self._consumed if num < self._committed[0]]
+            self._consumed = [num for num in self._consumed if num >= self._committed[0]]
             self._count = 0
             self._last_sync_ns = time.monotonic_ns()
         try:
@@ -397,7 +424,8 @@ class DiskQueue:
             last = self._write_file
             self._write_file += 1
             self._read_file, self._read_pos, self._write_pos = self._write_file, 0, 0
-            self._depth = self._count = 0
+            self._depth = self._count = self._pending = 0
+            self._committed = (self._read_file, self._read_pos)
             self._consumed = []
             self._seq += 1
             seq = self._seq

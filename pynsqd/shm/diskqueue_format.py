@@ -42,9 +42,10 @@ def data_file_pattern(name: str) -> re.Pattern[str]:
 
 def all_files_pattern(name: str) -> re.Pattern[str]:
     """Matches every file the queue may leave: data, ``.bad``, metadata and its temp files,
-    and the deferred-messages sidecar (``pynsqd.shm.sidecar``) with its temp and ``.bad``."""
+    and the deferred-messages sidecar and journal (``pynsqd.shm.sidecar``) with their temp and
+    ``.bad`` files."""
     return re.compile(rf"{re.escape(name)}\.diskqueue\.(?:\d{{6,}}\.dat(?:\.bad)?|meta\.dat(?:\.\d+\.tmp)?"
-                      r"|deferred\.dat(?:\.bad|\.tmp)?)")
+                      r"|deferred\.dat(?:\.bad|\.tmp)?|deferred\.jnl(?:\.tmp)?)")
 
 
 @dataclass(frozen=True, slots=True)

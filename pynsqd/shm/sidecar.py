@@ -17,7 +17,20 @@ The file is ``<queue name>.diskqueue.deferred.dat`` in the data path::
              n bytes  the message in NSQ's encoding (attempts as stored)
     trailer  4 bytes  CRC-32 of everything before it, big-endian
 
-It is written to ``<file>.tmp``, fsynced, renamed over the file, and the directory is
+Deferred messages that find no room in a full shared-memory log while the process runs
+are appended to a second file, the journal ``<queue name>.diskqueue.deferred.jnl``, before
+the publish is acknowledged (a ``write`` survives kill -9 in the page cache)::
+
+    records  8 bytes  due time, wall-clock ns since the epoch, big-endian
+             4 bytes  message length, big-endian
+             4 bytes  CRC-32 of the message, big-endian
+             n bytes  the message
+
+Reading stops at a torn or corrupt record (logged): a crash in the middle of an append
+loses only that append, which was not acknowledged. The queue removes the journal once
+every message in it is stored elsewhere, and loads it back at start like the sidecar.
+
+The sidecar is written to ``<file>.tmp``, fsynced, renamed over the file, and the directory is
 fsynced, so a reader sees the old file, the new file or none. A file that does not parse
 exactly (bad magic or version, wrong count, short, trailing bytes, CRC mismatch) is renamed
 to ``<file>.bad`` and logged; its queue starts without it.
@@ -36,6 +49,7 @@ VERSION = 1
 _HEADER = struct.Struct(">8sII")
 _RECORD = struct.Struct(">QI")
 _CRC = struct.Struct(">I")
+_ENTRY = struct.Struct(">QII")
 
 Deferred = tuple[int, bytes]  # (due, wall-clock ns; message)
 
@@ -46,6 +60,52 @@ class SidecarError(Exception):
 
 def sidecar_path(data_path: str, queue_name: str) -> str:
     return os.path.join(data_path, f"{queue_name}.diskqueue.deferred.dat")
+
+
+def journal_of(sidecar: str) -> str:
+    """The journal's path next to the sidecar at ``sidecar``."""
+    return sidecar[:-len(".dat")] + ".jnl"
+
+
+def append_journal(path: str, due: int, message: bytes) -> None:
+    """Append one deferred message to the journal at ``path``. Raises ``OSError``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        data = _ENTRY.pack(due, len(message), zlib.crc32(message)) + message
+        if os.write(fd, data) != len(data):
+            raise OSError(f"short write to {path}")
+    finally:
+        os.close(fd)
+
+
+def read_journal(path: str, log: logging.Logger) -> list[Deferred]:
+    """The whole records of the journal at ``path`` ([] when there is none); never raises."""
+    data = _read_bytes(path, log)
+    if data is None:
+        return []
+    out: list[Deferred] = []
+    pos = 0
+    while pos < len(data):
+        if pos + _ENTRY.size > len(data):
+            break
+        due, size, crc = _ENTRY.unpack_from(data, pos)
+        message = data[pos + _ENTRY.size:pos + _ENTRY.size + size]
+        if len(message) != size or zlib.crc32(message) != crc:
+            break
+        out.append((due, message))
+        pos += _ENTRY.size + size
+    if pos < len(data):
+        log.error("deferred messages journal %s: torn or corrupt record at %d ignored", path, pos)
+    return out
+
+
+def write_journal(path: str, records: Sequence[Deferred]) -> None:
+    """Replace the journal at ``path`` with ``records`` durably; with none, remove it."""
+    body = b"".join(_ENTRY.pack(due, len(message), zlib.crc32(message)) + message for due, message in records)
+    if records:
+        _replace(path, body)
+    else:
+        remove(path)
 
 
 def encode(records: Sequence[Deferred]) -> bytes:
@@ -87,13 +147,17 @@ def decode(data: bytes) -> list[Deferred]:
 
 def write(path: str, records: Sequence[Deferred]) -> None:
     """Replace ``path`` with ``records`` durably; with none, remove it. Raises ``OSError``."""
-    if not records:
+    if records:
+        _replace(path, encode(records))
+    else:
         remove(path)
-        return
+
+
+def _replace(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp"
     try:
         with open(tmp, "wb") as out:
-            out.write(encode(records))
+            out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
@@ -109,13 +173,8 @@ def write(path: str, records: Sequence[Deferred]) -> None:
 def read(path: str, log: logging.Logger) -> list[Deferred]:
     """The records in ``path`` ([] when there is none). A corrupt file is renamed ``.bad``
     and logged, an unreadable one logged; neither raises."""
-    try:
-        with open(path, "rb") as src:
-            data = src.read()
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        log.error("failed to read deferred messages from %s - %s", path, exc)
+    data = _read_bytes(path, log)
+    if data is None:
         return []
     try:
         return decode(data)
@@ -127,6 +186,18 @@ def read(path: str, log: logging.Logger) -> list[Deferred]:
         except OSError as err:
             log.error("deferred messages file %s is corrupt (%s); failed to rename it - %s", path, exc, err)
         return []
+
+
+def _read_bytes(path: str, log: logging.Logger) -> bytes | None:
+    """The file's bytes; None when there is none or it cannot be read (logged)."""
+    try:
+        with open(path, "rb") as src:
+            return src.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.error("failed to read deferred messages from %s - %s", path, exc)
+        return None
 
 
 def remove(path: str) -> None:

@@ -4,8 +4,10 @@ Theory of operation
 -------------------
 ``Supervisor(opts, shards)`` does what must happen once per node, in the constructor so that
 port 0 works and errors are one line: lock the data path, read ``nsqd.dat``, load the
-placement table (``placement.py``) and place every known topic, bind TCP and HTTP, create the
-inbound rings (``shard/crossshard.py``), one heartbeat page and one eventfd per shard.
+placement table (``placement.py``) and place every known topic, store on disk what leftover
+inbound rings of a run with another shard count hold (``leftover_rings.py``), bind TCP and
+HTTP, create the inbound rings (``shard/crossshard.py``), one heartbeat page and one eventfd
+per shard.
 
 ``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
 interpreter, never a fork of a running loop) with the listening HTTP socket and the rest
@@ -58,6 +60,7 @@ from pynsqd.shard.statsd import StatsdLines, StatsdPusher, statsd_prefix
 from pynsqd.shard.transport import build_server_context
 from pynsqd.shard.worker import BOOT_ERROR, ENV
 from pynsqd.shm import store
+from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.aggregate import merge_stats
 from pynsqd.supervisor.control import ControlChannel, channel_pair
 from pynsqd.supervisor.handoff import greet
@@ -92,6 +95,7 @@ class Supervisor:
             raise UsageError(f"failed to load metadata - {exc}") from None
         self.placement = Placement(opts.data_dir, shards)
         self.placement.rebalance_at_start()
+        keep = leftover_rings.rescue(opts, shards, self.placement.owner, topics)  # before any shard
         self.snapshots: dict[int, list[Any]] = {i: [] for i in range(shards)}
         for topic in topics:
             self.snapshots[self.placement.owner(topic[0])].append(list(topic))
@@ -105,7 +109,7 @@ class Supervisor:
         self.https_socket = (bind(opts.https_address, "https-address")
                              if opts.https_address and tls_ctx is not None else None)
         self.rings = create_rings(opts.data_dir, shards)
-        self._sweep_segments(topics)
+        self._sweep_segments(topics, keep)
         self.wake_fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(shards)]
         self.slots = [Slot(i) for i in range(shards)]
         self.registration = Registration(self.identity, self.registrations, opts.max_body_size)
@@ -120,14 +124,15 @@ class Supervisor:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accept_task: asyncio.Task[None] | None = None
 
-    def _sweep_segments(self, topics: list[Any]) -> None:
+    def _sweep_segments(self, topics: list[Any], keep: set[str]) -> None:
         """Once per node, before any shard runs: remove this node's segments that belong to
         no queue of nsqd.dat and hold nothing worth recovering (deleted or ephemeral queues,
         empty logs). Segments with messages of a durable queue missing from nsqd.dat stay:
-        the topic's owner (placement) recreates the queue when it boots. Rings are kept."""
+        the topic's owner (placement) recreates the queue when it boots. This run's rings are
+        kept, and ``keep``: leftover rings whose messages could not be stored yet."""
         path = self.opts.data_dir
         queues = [("topic", t[0]) for t in topics] + [("channel", f"{t[0]}:{c[0]}") for t in topics for c in t[2]]
-        claimed = store.claimed_names(path, queues) | {seg.name for seg in self.rings}
+        claimed = store.claimed_names(path, queues) | {seg.name for seg in self.rings} | keep
         for shm_name, kind, name, records in store.leftovers(path, claimed):
             if recoverable(kind, name, records):
                 log.warning("%s %s: found in shared memory only; shard %d recovers it", kind.upper(), name,

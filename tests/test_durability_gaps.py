@@ -1,0 +1,187 @@
+"""Kill -9 at the two places that used to lose messages: a deferred message that finds no
+room in a full shared-memory log (now journaled on disk before it is acknowledged), and a
+batch read back from the disk queue (now peeked, stored, then committed). A crash is
+simulated by dropping the objects without closing them and reopening the same shared-memory
+segment and data path, as a restarted process would."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pynsqd.shard.queue import segment_queue
+from pynsqd.shm import sidecar
+from pynsqd.shm.diskqueue import DiskQueue
+from pynsqd.shm.log import DEFERRED
+from pynsqd.shm.segment import list_segments, unlink_segment
+from pynsqd.wire.commands import encode_dpub, encode_fin
+from pynsqd.wire.message import HEADER
+from tests.harness import Daemon, scaled, wait_for
+from tests.rawclient import RawClient
+
+log = logging.getLogger("test.gaps")
+
+
+def message(body: bytes) -> bytes:
+    return HEADER.pack(1_700_000_000_000_000_000, 0, b"%016d" % len(body)) + body
+
+
+def disk_queue(path: str, name: str, max_bytes: int = 1 << 20) -> DiskQueue:
+    return DiskQueue(name, path, max_bytes_per_file=max_bytes, min_msg_size=0, max_msg_size=1 << 16,
+                     sync_every=2500, sync_timeout_ns=2_000_000_000, logger=log)
+
+
+@pytest.fixture
+def data_path(tmp_path: Path) -> Iterator[str]:
+    yield str(tmp_path)
+    for name in list_segments(str(tmp_path)):
+        unlink_segment(name)
+
+
+def _crash(q: object) -> None:
+    """What kill -9 leaves: nothing closed (the segment and the files stay as they are)."""
+    del q
+
+
+def test_deferred_messages_without_room_survive_a_crash(data_path: str) -> None:
+    q = segment_queue(data_path, 1000, 4096, "channel", "t:c", disk_queue(data_path, "t:c"))
+    sent = {}
+    held = []
+    for i in range(200):
+        record, due = message(b"dpub %03d" % i), 1_000_000 + i
+        pos = q.append(record, DEFERRED, due)
+        sent[record[26:]] = due
+        if pos is None:
+            held.append(record)
+    assert len(held) > 50 and q.journaled == len(held)  # the log filled up
+    assert Path(q.journal or "").exists()
+    _crash(q)
+
+    again = segment_queue(data_path, 1000, 4096, "channel", "t:c", disk_queue(data_path, "t:c"))
+    assert again.recovering
+    deferred = again.recover()
+    assert {m[26:]: due for _, due, m in deferred} == sent  # every one, with its due time
+    unplaced = [m for pos, _, m in deferred if pos < 0]
+    assert unplaced and again.journaled == len(unplaced)
+    assert sorted(m for _, m in sidecar.read_journal(again.journal or "", log)) == sorted(unplaced)
+    again.unjournal(len(unplaced))  # the owner stored them elsewhere
+    assert not Path(again.journal or "").exists()
+    again.close(delete=True)
+
+
+def test_journal_goes_once_drained_and_a_torn_tail_loses_only_that_append(data_path: str) -> None:
+    q = segment_queue(data_path, 1000, 4096, "topic", "t", disk_queue(data_path, "t"))
+    while q.append(message(b"fill"), DEFERRED, 1) is not None:
+        pass
+    q.append(message(b"second"), DEFERRED, 2)
+    assert q.journaled == 2
+    q.unjournal(1)
+    assert Path(q.journal or "").exists()
+    with open(q.journal or "", "ab") as out:  # an append torn by the crash
+        out.write(b"\0" * 11)
+    _crash(q)
+    again = segment_queue(data_path, 1000, 4096, "topic", "t", disk_queue(data_path, "t"))
+    bodies = sorted(m[26:] for _, _, m in again.recover())
+    assert bodies.count(b"second") == 1 and b"fill" in bodies
+    # the journal was rewritten without the torn bytes, so later appends are readable
+    assert all(len(m) > 26 for _, m in sidecar.read_journal(again.journal or "", log))
+    again.close(delete=True)
+
+
+def test_clean_close_writes_held_messages_to_the_sidecar_and_drops_the_journal(data_path: str) -> None:
+    q = segment_queue(data_path, 1000, 4096, "channel", "t:c", disk_queue(data_path, "t:c"))
+    held = []
+    for i in range(100):
+        record = message(b"d%03d" % i)
+        if q.append(record, DEFERRED, 5 + i) is None:
+            held.append((5 + i, record))
+    assert held
+    q.close(deferred=held)
+    assert not Path(q.journal or "").exists() and not list_segments(data_path)
+    again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
+    assert len(again.recover()) == 100
+    again.close(delete=True)
+
+
+def test_peek_is_not_consumed_until_commit_across_a_crash(tmp_path: Path) -> None:
+    path = str(tmp_path)
+    dq = disk_queue(path, "q", max_bytes=64)  # a few records per file
+    dq.put_many([b"r%02d" % i for i in range(20)])
+    dq.sync()
+    first = dq.peek_many(12)  # finishes files: a sync now would have deleted them before
+    assert first == [b"r%02d" % i for i in range(12)] and dq.depth == 8
+    dq.sync()                 # e.g. the timer's sync, between the read and the copy
+    files = sorted(os.listdir(path))
+    _crash(dq)                # died before the caller stored them
+
+    again = disk_queue(path, "q", max_bytes=64)
+    assert sorted(os.listdir(path)) == files
+    assert again.depth == 20 and again.read_many(20) == [b"r%02d" % i for i in range(20)]
+    again.close()
+
+    dq = disk_queue(path, "q2", max_bytes=64)
+    dq.put_many([b"s%02d" % i for i in range(20)])
+    assert dq.peek_many(5) == [b"s%02d" % i for i in range(5)]
+    assert dq.peek_many(5) == [b"s%02d" % i for i in range(5, 10)]  # peeks continue
+    dq.commit()
+    dq.sync()
+    _crash(dq)
+    again = disk_queue(path, "q2", max_bytes=64)
+    assert again.depth == 10 and again.read_many(20) == [b"s%02d" % i for i in range(10, 20)]
+    again.close()
+
+
+def test_refill_commits_only_after_the_copy_into_the_log(data_path: str) -> None:
+    dq = disk_queue(data_path, "t:c")
+    q = segment_queue(data_path, 0, 1 << 16, "channel", "t:c", dq)  # mem-queue-size 0: all to disk
+    q.put_many([message(b"m%d" % i) for i in range(30)])
+    q.limit = 1000
+    _, records = q.take(10)
+    assert len(records) == 10 and dq.depth == 20
+    dq.sync()
+    _crash(q)
+    # the ten moved into the log are there, and the disk queue gives the rest: none lost
+    again_dq = disk_queue(data_path, "t:c")
+    again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", again_dq)
+    again.recover()
+    got = []
+    while len(again):
+        got += [r[26:] for r in again.take(50)[1]]
+    assert set(got) == {b"m%d" % i for i in range(30)}
+    again.close(delete=True)
+
+
+def test_dpub_into_a_full_log_survives_kill_9_of_the_tree(nsqd_factory: Callable[..., Daemon],
+                                                          tmp_path: Path) -> None:
+    """The real server: a 64 KiB log per queue, 300 DPUBs of 1 KB (most find no room),
+    kill -9 of the whole tree, restart: every one arrives, none before its due time."""
+    args = ("--mem-queue-bytes=65536", "--max-msg-size=16384", "--shards=1")
+    nsqd = nsqd_factory(*args, data_path=tmp_path)
+    with RawClient(nsqd.tcp) as c:  # the channel exists, so the topic hands DPUBs to it
+        c.subscribe("gap", "ch", rdy=0)
+        due: dict[bytes, float] = {}
+        for i in range(300):
+            body = b"%04d" % i + b"x" * 1000
+            sent = time.time()
+            c.send(encode_dpub("gap", 3000 + 10 * i, body))
+            c.expect_ok()
+            due[body] = sent + (3000 + 10 * i) / 1000
+    assert (tmp_path / "gap:ch.diskqueue.deferred.jnl").exists()  # the log was full
+    nsqd.kill()
+    again = nsqd_factory(*args, data_path=tmp_path)
+    got: dict[bytes, float] = {}
+    with RawClient(again.tcp) as c:
+        c.subscribe("gap", "ch", rdy=300)
+        while len(got) < len(due):
+            m = c.read_message(timeout=scaled(15))
+            got.setdefault(m.body, time.time())
+            c.send(encode_fin(m.id))
+    assert set(got) == set(due)
+    early = [body[:4] for body, at in got.items() if at < due[body] - 0.05]  # clock granularity
+    assert not early
+    wait_for(lambda: not (tmp_path / "gap:ch.diskqueue.deferred.jnl").exists(), scaled(10))
