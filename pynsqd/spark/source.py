@@ -11,8 +11,9 @@ executors in fresh, unpickled copies that share nothing with the runner.
 Offsets are ``{"seq": n, "hb": k}``. ``latestOffset`` takes up to ``maxBatch`` (or the
 engine's ``ReadMaxRows``) buffered messages — as the client delivered them, ``MessageBatch``es
 of undecoded frames — spools the frames into ``partitions`` files (``spool.py``) named for the
-new ``seq`` and returns ``{"seq": n + 1, "hb": 0}``; the messages stay in flight, held. ``partitions(start, end)`` lists those files; executors parse them into
-Arrow batches in parallel. Spark calls ``commit(end)`` while planning the *next* batch, after
+new ``seq`` and returns ``{"seq": n + 1, "hb": 0}``; the messages stay in flight, held.
+``partitions(start, end)`` lists those files; executors parse them into Arrow batches in
+parallel. Spark calls ``commit(end)`` while planning the *next* batch, after
 the sink's commit and the ``commits/`` log entry for ``end`` are durable: only then does the
 runner FIN the batch's messages and delete its files. So:
 
