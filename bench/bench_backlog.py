@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_tcp import Meter, _connect, _read_response, consumer  # noqa: E402
-from bench.common import Figures, remove_segments, report, start_node  # noqa: E402
+from bench.common import Figures, gather_results, report, running_node  # noqa: E402
 from pynsqd.wire.commands import encode_mpub, encode_sub  # noqa: E402
 
 
@@ -46,16 +46,7 @@ def publish_count(addr: tuple[str, int], topic: str, size: int, batch: int, coun
 def _phase(procs: list[mp.Process], q: mp.Queue, meter: Meter) -> tuple[int, float, float]:  # type: ignore[type-arg]
     """Run ``procs``; (messages, seconds, largest load-process RSS in MiB)."""
     t0 = time.monotonic()
-    for p in procs:
-        p.start()
-    results = []
-    while len(results) < len(procs):
-        try:
-            results.append(q.get(timeout=0.2))
-        except Exception:
-            meter.rss()
-    for p in procs:
-        p.join()
+    results = gather_results(procs, q, meter.rss)
     elapsed = time.monotonic() - t0
     count = sum(r[0] for r in results)
     load_rss = max((r[1] for r in results if not isinstance(r[1], list)), default=0.0)
@@ -72,50 +63,46 @@ def _finished(http_port: int) -> int:
 def one_run(args: argparse.Namespace) -> Figures:
     ctx = mp.get_context("spawn")
     figures: Figures = {}
-    with tempfile.TemporaryDirectory() as data:
-        proc, tcp_port, http_port = start_node(data, f"--mem-queue-size={args.mem_queue_size}", "--log-level=info")
+    flags = (f"--mem-queue-size={args.mem_queue_size}", "--log-level=info")
+    with tempfile.TemporaryDirectory() as data, running_node(data, *flags, stop_timeout=60) as node:
+        proc, tcp_port, http_port = node
         addr = ("127.0.0.1", tcp_port)
         meter = Meter(proc.pid)
-        try:
-            time.sleep(0.5)
-            figures["idle"] = {"rss_mb": meter.rss() / 2**20}
-            sock = _connect(addr)
-            sock.sendall(encode_sub("backlog", "ch"))
-            _read_response(sock)
-            sock.close()
-            q = ctx.Queue()
-            first = 100_000
-            n1, t1, _ = _phase([ctx.Process(target=publish_count, args=(addr, "backlog", args.size, args.batch,
-                                                                        first, q))], q, meter)
-            figures["at_100k"] = {"rss_mb": meter.rss() / 2**20}
-            rest = (args.count - n1) // args.workers
-            n2, t2, pub_rss = _phase([ctx.Process(target=publish_count, args=(
-                addr, "backlog", args.size, args.batch, rest, q)) for _ in range(args.workers)], q, meter)
-            figures["pub"] = {"msgs": n1 + n2, "msgs_s": (n1 + n2) / (t1 + t2), "load_rss_mb": pub_rss}
-            figures[f"at_{(n1 + n2) // 1000}k"] = {"rss_mb": meter.rss() / 2**20}
-            total = n1 + n2
-            # consumers share the backlog unevenly: the drain ends when the channel is empty
-            subs = [ctx.Process(target=consumer, args=(addr, "backlog", "ch", 2500, 3600.0, total,
-                                                        time.time() + 0.5, q)) for _ in range(args.workers)]
-            t0 = time.monotonic()
-            for p in subs:
-                p.start()
-            finished = 0
-            while finished < total:
-                time.sleep(0.2)
-                meter.rss()
-                finished = _finished(http_port)
-            t3 = time.monotonic() - t0 - 0.5
-            for p in subs:
-                p.terminate()
-                p.join()
-            figures["sub"] = {"msgs": finished, "msgs_s": finished / t3}
-            figures["drained"] = {"rss_mb": meter.rss() / 2**20}
-            figures["peak"] = {"rss_mb": meter.peak_rss / 2**20}
-        finally:
-            proc.terminate()
-            proc.wait(60)
-            remove_segments(data)
+        time.sleep(0.5)
+        figures["idle"] = {"rss_mb": meter.rss() / 2**20}
+        sock = _connect(addr)
+        sock.sendall(encode_sub("backlog", "ch"))
+        _read_response(sock)
+        sock.close()
+        q = ctx.Queue()
+        first = 100_000
+        n1, t1, _ = _phase([ctx.Process(target=publish_count, args=(addr, "backlog", args.size, args.batch,
+                                                                    first, q))], q, meter)
+        figures["at_100k"] = {"rss_mb": meter.rss() / 2**20}
+        rest = (args.count - n1) // args.workers
+        n2, t2, pub_rss = _phase([ctx.Process(target=publish_count, args=(
+            addr, "backlog", args.size, args.batch, rest, q)) for _ in range(args.workers)], q, meter)
+        figures["pub"] = {"msgs": n1 + n2, "msgs_s": (n1 + n2) / (t1 + t2), "load_rss_mb": pub_rss}
+        figures[f"at_{(n1 + n2) // 1000}k"] = {"rss_mb": meter.rss() / 2**20}
+        total = n1 + n2
+        # consumers share the backlog unevenly: the drain ends when the channel is empty
+        subs = [ctx.Process(target=consumer, args=(addr, "backlog", "ch", 2500, 3600.0, total,
+                                                    time.time() + 0.5, q)) for _ in range(args.workers)]
+        t0 = time.monotonic()
+        for p in subs:
+            p.start()
+        finished = 0
+        while finished < total:
+            time.sleep(0.2)
+            meter.rss()
+            finished = _finished(http_port)
+        t3 = time.monotonic() - t0 - 0.5
+        for p in subs:
+            p.terminate()
+            p.join()
+        figures["sub"] = {"msgs": finished, "msgs_s": finished / t3}
+        figures["drained"] = {"rss_mb": meter.rss() / 2**20}
+        figures["peak"] = {"rss_mb": meter.peak_rss / 2**20}
     return figures
 
 

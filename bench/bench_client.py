@@ -36,7 +36,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figures, report, start_node  # noqa: E402
+from bench.common import Figures, count_size_parser, report, running_node, write_certs  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -111,14 +111,8 @@ def features(name: str, ca_file: str) -> dict[str, object]:
 
 
 def make_certs(where: str) -> tuple[str, list[str]]:
-    """A CA file and the node's TLS flags (trustme, from the test extras)."""
-    import trustme
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    paths = {name: os.path.join(where, f"{name}.pem") for name in ("ca", "cert", "key")}
-    ca.cert_pem.write_to_path(paths["ca"])
-    server.cert_chain_pems[0].write_to_path(paths["cert"])
-    server.private_key_pem.write_to_path(paths["key"])
+    """A CA file and the node's TLS flags."""
+    paths = write_certs(where, "127.0.0.1")
     return paths["ca"], [f"--tls-cert={paths['cert']}", f"--tls-key={paths['key']}", "--https-address=127.0.0.1:0"]
 
 
@@ -152,24 +146,17 @@ def contender(name: str, tcp_port: int, http_port: int, topic: str, count: int, 
 def one_run(args: argparse.Namespace) -> Figures:
     with tempfile.TemporaryDirectory() as data, tempfile.TemporaryDirectory() as out:
         ca_file, tls_flags = make_certs(data) if any("tls" in n for n in args.contenders) else ("", [])
-        proc, tcp_port, http_port = start_node(data, "--mem-queue-size=1000000", *tls_flags)
-        try:
+        with running_node(data, "--mem-queue-size=1000000", *tls_flags) as (_, tcp_port, http_port):
             figures: Figures = {}
             for i, name in enumerate(args.contenders):
                 topic = f"bench_{name.replace('-', '_')}_{i}"
                 preload(tcp_port, topic, args.count, args.size)
                 figures.update(contender(name, tcp_port, http_port, topic, args.count, out, ca_file))
             return figures
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--count", type=int, default=200_000, help="messages per contender")
-    parser.add_argument("--size", type=int, default=200, help="message size in bytes")
-    parser.add_argument("--repeat", type=int, default=1)
+    parser = count_size_parser(__doc__, 200_000, "messages per contender")
     parser.add_argument("--contenders", nargs="+", default=["client", "pynsq", "to_file"],
                         choices=CONTENDERS)
     args = parser.parse_args()

@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import trustme
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figures, report, start_node  # noqa: E402
+from bench.common import Figures, count_size_parser, report, running_node, write_certs  # noqa: E402
 from pynsqd.wire.commands import encode_fin, encode_identify, encode_mpub, encode_rdy, encode_sub  # noqa: E402
 from pynsqd.wire.compression import make_codec  # noqa: E402
 from pynsqd.wire.errors import ProtocolError  # noqa: E402
@@ -121,16 +120,10 @@ def one_run(args: argparse.Namespace) -> Figures:
     ctx = mp.get_context("spawn")
     figures: Figures = {}
     with tempfile.TemporaryDirectory() as data:
-        ca = trustme.CA()
-        cert = ca.issue_cert("localhost", "127.0.0.1")
-        paths = {n: os.path.join(data, f"{n}.pem") for n in ("ca", "cert", "key")}
-        ca.cert_pem.write_to_path(paths["ca"])
-        cert.cert_chain_pems[0].write_to_path(paths["cert"])
-        cert.private_key_pem.write_to_path(paths["key"])
-        proc, tcp_port, _ = start_node(data, f"--tls-cert={paths['cert']}", f"--tls-key={paths['key']}",
-                                       "--https-address=", "--mem-queue-size=10000000", "--log-level=info")
-        meter = psutil.Process(proc.pid)
-        try:
+        paths = write_certs(data, "localhost", "127.0.0.1")
+        with running_node(data, f"--tls-cert={paths['cert']}", f"--tls-key={paths['key']}", "--https-address=",
+                          "--mem-queue-size=10000000", "--log-level=info") as (proc, tcp_port, _):
+            meter = psutil.Process(proc.pid)
             for mode in MODES:
                 preload(tcp_port, f"f-{mode.replace('+', '-')}", args.count, args.size)
             for mode in MODES:
@@ -144,17 +137,11 @@ def one_run(args: argparse.Namespace) -> Figures:
                 cpu = sum(meter.cpu_times()[:2]) - cpu0
                 figures[mode] = {"msgs_per_s": got / secs, "body_MB_s": got * args.size / secs / 1e6,
                                  "wire_MB_s": wire / secs / 1e6, "cpu_s_per_M": cpu / got * 1e6}
-        finally:
-            proc.terminate()
-            proc.wait(30)
     return figures
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--count", type=int, default=200_000, help="messages consumed per mode")
-    parser.add_argument("--size", type=int, default=200, help="message size in bytes")
-    parser.add_argument("--repeat", type=int, default=1)
+    parser = count_size_parser(__doc__, 200_000, "messages consumed per mode")
     args = parser.parse_args()
     report(one_run, args, f"{args.count} x {args.size}-byte messages per mode, one consumer")
 

@@ -1,17 +1,22 @@
-"""What every benchmark here shares: starting a node to measure, and the median report."""
+"""What every benchmark here shares: the node to measure (started on free ports, stopped and
+its shared memory released), a certificate for TLS runs, collecting load processes' results,
+and the median report."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 _LISTEN = re.compile(rb"(TCP|HTTP): listening on \S+:(\d+)")
@@ -42,6 +47,49 @@ def start_node(data: str, *flags: str) -> tuple[subprocess.Popen[bytes], int, in
     return proc, ports[b"TCP"], ports[b"HTTP"]
 
 
+@contextlib.contextmanager
+def running_node(data: str, *flags: str,
+                 stop_timeout: float = 30) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
+    """``start_node`` for the block; then SIGTERM, wait, and unlink its shared memory."""
+    proc, tcp_port, http_port = start_node(data, *flags)
+    try:
+        yield proc, tcp_port, http_port
+    finally:
+        proc.terminate()
+        proc.wait(stop_timeout)
+        remove_segments(data)
+
+
+def write_certs(where: str, *hosts: str) -> dict[str, str]:
+    """A throwaway CA and a server certificate for ``hosts`` (trustme, from the test extras),
+    written as PEM files; returns their paths by name: ``ca``, ``cert``, ``key``."""
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert(*hosts)
+    paths = {name: os.path.join(where, f"{name}.pem") for name in ("ca", "cert", "key")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    server.cert_chain_pems[0].write_to_path(paths["cert"])
+    server.private_key_pem.write_to_path(paths["key"])
+    return paths
+
+
+def gather_results(procs: Sequence[BaseProcess], q: Any, while_waiting: Callable[[], object]) -> list[Any]:
+    """Start ``procs``, collect one result each from ``q`` (calling ``while_waiting`` every
+    0.2 s meanwhile, e.g. to sample RSS), then join them."""
+    for p in procs:
+        p.start()
+    results: list[Any] = []
+    while len(results) < len(procs):
+        try:
+            results.append(q.get(timeout=0.2))
+        except Exception:
+            while_waiting()
+    for p in procs:
+        p.join()
+    return results
+
+
 def remove_segments(data: str) -> None:
     """Unlink the node's shared-memory segments (they outlive it by design)."""
     try:
@@ -56,6 +104,15 @@ def _drain(stream: IO[bytes]) -> None:
     """Keep reading the node's log so it never blocks on a full pipe."""
     for _ in stream:
         pass
+
+
+def count_size_parser(doc: str | None, count: int, count_help: str) -> argparse.ArgumentParser:
+    """A benchmark's parser with ``--count`` (messages), ``--size`` (bytes) and ``--repeat``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=count, help=count_help)
+    parser.add_argument("--size", type=int, default=200, help="message size in bytes")
+    parser.add_argument("--repeat", type=int, default=1)
+    return parser
 
 
 def add_load_args(parser: argparse.ArgumentParser) -> None:

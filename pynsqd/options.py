@@ -21,9 +21,10 @@ import argparse
 import dataclasses
 import re
 import sys
-import tomllib
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar, cast
+
+from pynsqd import NSQ_VERSION, __version__
 
 NS = 1
 US = 1_000
@@ -318,6 +319,7 @@ def _join_values(argv: Sequence[str], fields: tuple[dataclasses.Field[Any], ...]
 
 
 def _load_config(path: str, fields: dict[str, dataclasses.Field[Any]]) -> dict[str, Any]:
+    import tomllib  # only with --config: its parser compiles regexes at import (tens of ms at boot)
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
@@ -345,6 +347,11 @@ def config_value(options: Any, cfg_name: str) -> Any:
         if "flag" in meta and (meta["cfg"] or meta["flag"].replace("-", "_")) == cfg_name:
             return getattr(options, field.name)
     raise KeyError(cfg_name)
+
+
+def version_string(prog: str) -> str:
+    """What ``prog --version`` prints (and a daemon logs at start), as NSQ's binaries word it."""
+    return f"{prog} v{NSQ_VERSION} (built w/pynsqd {__version__})"
 
 
 def run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None = None) -> NoReturn:

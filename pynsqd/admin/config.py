@@ -17,16 +17,14 @@ from urllib.parse import urlsplit
 
 from pynsqd.netaddr import split_host_port
 from pynsqd.options import MS, SECOND, UsageError, flag, resolve
-
-LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
-
-
-def _log_level(value: str) -> str | None:
-    return None if value.lower() in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"
-
-
-def _positive(value: int) -> str | None:
-    return None if value > 0 else "must be greater than 0"
+from pynsqd.shared_flags import (
+    DaemonLogFlags,
+    http_connect_timeout_flag,
+    http_request_timeout_flag,
+    log_prefix_flag,
+    positive,
+    require_one_source,
+)
 
 
 def _at_least_100ms(value: int) -> str | None:
@@ -34,13 +32,10 @@ def _at_least_100ms(value: int) -> str | None:
 
 
 @dataclasses.dataclass
-class AdminOptions:
+class AdminOptions(DaemonLogFlags):
     """The options of one nsqadmin, as NSQ v1.3 names them (see NSQ-FACTS §1.3)."""
 
-    log_level: str = flag("log-level", "info", "set log verbosity: debug, info, warn, error, or fatal",
-                          validate=_log_level)
-    log_prefix: str = flag("log-prefix", "[nsqadmin] ", "log message prefix")
-    verbose: bool = flag("verbose", False, "[deprecated] has no effect, use --log-level")
+    log_prefix: str = log_prefix_flag("nsqadmin")
 
     http_address: str = flag("http-address", "0.0.0.0:4171", "<addr>:<port> to listen on for HTTP clients")
     base_path: str = flag("base-path", "/", "URL base path")
@@ -58,16 +53,14 @@ class AdminOptions:
                               "prefix used for keys sent to statsd (%s for host replacement, must match nsqd)")
     statsd_interval: int = flag("statsd-interval", 60 * SECOND,
                                 "time interval nsqd is configured to push to statsd (must match nsqd)",
-                                kind="duration", validate=_positive)
+                                kind="duration", validate=positive)
 
     notification_http_endpoint: str = flag("notification-http-endpoint", "",
                                            "HTTP endpoint (fully qualified) to which POST notifications of admin "
                                            "actions will be sent")
 
-    http_client_connect_timeout: int = flag("http-client-connect-timeout", 2 * SECOND,
-                                            "timeout for HTTP connect", kind="duration", validate=_positive)
-    http_client_request_timeout: int = flag("http-client-request-timeout", 5 * SECOND,
-                                            "timeout for HTTP request", kind="duration", validate=_positive)
+    http_client_connect_timeout: int = http_connect_timeout_flag(checked=True)
+    http_client_request_timeout: int = http_request_timeout_flag(checked=True)
     http_client_tls_insecure_skip_verify: bool = flag(
         "http-client-tls-insecure-skip-verify", False, "configure the HTTP client to skip verification of TLS "
         "certificates")
@@ -111,10 +104,7 @@ def parse_args(argv: Sequence[str], prog: str = "nsqadmin") -> tuple[AdminOption
     opts.log_level = opts.log_level.lower()
     split_host_port(opts.http_address, "http-address")
     opts.base_path = normalize_base_path(opts.base_path)
-    if opts.nsqd_http_addresses and opts.lookupd_http_addresses:
-        raise UsageError("use --nsqd-http-address or --lookupd-http-address not both")
-    if not opts.nsqd_http_addresses and not opts.lookupd_http_addresses:
-        raise UsageError("--nsqd-http-address or --lookupd-http-address required")
+    require_one_source("nsqd-http-address", opts.nsqd_http_addresses, opts.lookupd_http_addresses)
     for address in opts.nsqd_http_addresses:
         if "://" not in address:
             split_host_port(address, "nsqd-http-address")

@@ -17,26 +17,20 @@ import asyncio
 import base64
 import contextlib
 import logging
-import signal
 import socket
 import time
 from typing import Any
 
 from starlette.requests import Request
 
-from pynsqd import NSQ_VERSION, __version__, logs
 from pynsqd.admin.cluster import Cluster
 from pynsqd.admin.config import AdminOptions
 from pynsqd.admin.http import AdminHTTP
 from pynsqd.admin.sampler import Sampler
+from pynsqd.daemon import StopRequest, daemon_logger
 from pynsqd.httpserver import embedded_server
 from pynsqd.netaddr import bind, describe
-from pynsqd.options import SECOND
-
-
-def make_logger(prefix: str, level: str) -> logging.Logger:
-    logs.setup(prefix, level)
-    return logging.getLogger("pynsqd.admin")
+from pynsqd.options import SECOND, version_string
 
 
 class AdminNode:
@@ -44,8 +38,8 @@ class AdminNode:
 
     def __init__(self, options: AdminOptions, log: logging.Logger | None = None) -> None:
         self.options = options
-        self.log = log or make_logger(options.log_prefix, options.log_level)
-        self.log.info("nsqadmin v%s (built w/pynsqd %s)", NSQ_VERSION, __version__)
+        self.log = log or daemon_logger("pynsqd.admin", options.log_prefix, options.log_level)
+        self.log.info("%s", version_string("nsqadmin"))
         self.http_socket = bind(options.http_address, "http-address")
         self.http_address = describe(self.http_socket)
         self.log.info("HTTP: listening on %s", self.http_address)
@@ -54,40 +48,31 @@ class AdminNode:
         self.sampler = Sampler(self.cluster, options.stats_sample_interval / SECOND, self.log)
         self.http = AdminHTTP(self)
         self._notifications: set[asyncio.Task[None]] = set()
-        self._stopping: asyncio.Event | None = None
-        self._exit_requested = False
+        self._stop = StopRequest()
 
     async def main(self) -> None:
         """Serve HTTP and sample until ``exit()``; then shut down and return."""
-        loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
-        if self._exit_requested:
-            self._stopping.set()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.exit)
-        server = embedded_server(self.http.app())
-        sampler = asyncio.create_task(self.sampler.run())
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(server.serve(sockets=[self.http_socket]))
-                await self._stopping.wait()
-                server.should_exit = True
-        finally:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
-            if self._notifications:
-                await asyncio.wait(self._notifications, timeout=self.options.http_client_request_timeout / SECOND)
-            await self.cluster.close()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+        with self._stop.armed():
+            server = embedded_server(self.http.app())
+            sampler = asyncio.create_task(self.sampler.run())
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(server.serve(sockets=[self.http_socket]))
+                    await self._stop.wait()
+                    server.should_exit = True
+            finally:
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler
+                if self._notifications:
+                    await asyncio.wait(self._notifications,
+                                       timeout=self.options.http_client_request_timeout / SECOND)
+                await self.cluster.close()
         self.log.info("nsqadmin exited")
 
     def exit(self) -> None:
         """Ask ``main`` to shut down; safe to call more than once, and before ``main``."""
-        self._exit_requested = True
-        if self._stopping is not None:
-            self._stopping.set()
+        self._stop.exit()
 
     # --- notifications --------------------------------------------------------------------
 

@@ -12,30 +12,14 @@ from collections.abc import Sequence
 
 from pynsqd.netaddr import split_host_port
 from pynsqd.options import SECOND, flag, resolve
-
-LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
-
-
-def _log_level(value: str) -> str | None:
-    return None if value.lower() in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"
-
-
-def _positive(value: int) -> str | None:
-    return None if value > 0 else "must be greater than 0"
-
-
-def _non_negative(value: int) -> str | None:
-    return None if value >= 0 else "must not be negative"
+from pynsqd.shared_flags import DaemonLogFlags, log_prefix_flag, non_negative, positive
 
 
 @dataclasses.dataclass
-class LookupdOptions:
+class LookupdOptions(DaemonLogFlags):
     """The options of one nsqlookupd, as NSQ v1.3 names them (see NSQ-FACTS §1.2)."""
 
-    log_level: str = flag("log-level", "info", "set log verbosity: debug, info, warn, error, or fatal",
-                          validate=_log_level)
-    log_prefix: str = flag("log-prefix", "[nsqlookupd] ", "log message prefix")
-    verbose: bool = flag("verbose", False, "[deprecated] has no effect, use --log-level")
+    log_prefix: str = log_prefix_flag("nsqlookupd")
 
     tcp_address: str = flag("tcp-address", "0.0.0.0:4160", "<addr>:<port> to listen on for TCP clients")
     http_address: str = flag("http-address", "0.0.0.0:4161", "<addr>:<port> to listen on for HTTP clients")
@@ -45,11 +29,11 @@ class LookupdOptions:
     inactive_producer_timeout: int = flag(
         "inactive-producer-timeout", 300 * SECOND,
         "duration of time a producer will remain in the active list since its last ping",
-        kind="duration", validate=_positive)
+        kind="duration", validate=positive)
     tombstone_lifetime: int = flag(
         "tombstone-lifetime", 45 * SECOND,
         "duration of time a producer will remain tombstoned if registration remains",
-        kind="duration", validate=_non_negative)
+        kind="duration", validate=non_negative)
 
 
 def parse_args(argv: Sequence[str], prog: str = "nsqlookupd") -> tuple[LookupdOptions, bool]:

@@ -15,24 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
 
 import orjson
 
-from pynsqd import NSQ_VERSION, __version__, logs
+from pynsqd import NSQ_VERSION
+from pynsqd.daemon import StopRequest, daemon_logger
 from pynsqd.httpserver import EmbeddedServer, embedded_server
 from pynsqd.lookupd.config import LookupdOptions
 from pynsqd.lookupd.http import LookupHTTP
 from pynsqd.lookupd.registry import RegistrationDB
 from pynsqd.lookupd.tcp import LookupProtocol
 from pynsqd.netaddr import bind, format_address
-from pynsqd.options import UsageError
-
-
-def make_logger(prefix: str, level: str) -> logging.Logger:
-    logs.setup(prefix, level)
-    return logging.getLogger("pynsqd.lookupd")
+from pynsqd.options import UsageError, version_string
 
 
 class LookupNode:
@@ -40,10 +35,10 @@ class LookupNode:
 
     def __init__(self, options: LookupdOptions, log: logging.Logger | None = None) -> None:
         self.options = options
-        self.log = log or make_logger(options.log_prefix, options.log_level)
+        self.log = log or daemon_logger("pynsqd.lookupd", options.log_prefix, options.log_level)
         self.db = RegistrationDB()
         self.connections: set[LookupProtocol] = set()
-        self.log.info("nsqlookupd v%s (built w/pynsqd %s)", NSQ_VERSION, __version__)
+        self.log.info("%s", version_string("nsqlookupd"))
         self.tcp_socket = bind(options.tcp_address, "tcp-address")
         try:
             self.http_socket = bind(options.http_address, "http-address")
@@ -61,25 +56,15 @@ class LookupNode:
         }, option=orjson.OPT_SORT_KEYS)
         self.http_app = LookupHTTP(self.db, options.inactive_producer_timeout,
                                    options.tombstone_lifetime, self.log)
-        self._stopping: asyncio.Event | None = None
-        self._exit_requested = False
+        self._stop = StopRequest()
 
     async def main(self) -> None:
         """Serve TCP and HTTP until ``exit()``; then shut both down and return."""
-        loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
-        if self._exit_requested:
-            self._stopping.set()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.exit)
-        http = embedded_server(self.http_app)
-        try:
+        with self._stop.armed():
+            http = embedded_server(self.http_app)
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(http.serve(sockets=[self.http_socket]))
                 tg.create_task(self._serve_tcp(http))
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
         self.log.info("nsqlookupd exited")
 
     async def _serve_tcp(self, http: EmbeddedServer) -> None:
@@ -87,9 +72,8 @@ class LookupNode:
         server = await loop.create_server(
             lambda: LookupProtocol(self.db, self.identify_response, self.log, self.connections),
             sock=self.tcp_socket)
-        assert self._stopping is not None
         try:
-            await self._stopping.wait()
+            await self._stop.wait()
         finally:
             self.log.info("TCP: closing %s", self.tcp_address)
             server.close()
@@ -100,6 +84,4 @@ class LookupNode:
 
     def exit(self) -> None:
         """Ask ``main`` to shut down; safe to call more than once, and before ``main``."""
-        self._exit_requested = True
-        if self._stopping is not None:
-            self._stopping.set()
+        self._stop.exit()

@@ -10,11 +10,10 @@ works on whatever ``node_stats`` returns.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.process_collector import ProcessCollector
+if TYPE_CHECKING:  # prometheus_client is imported when /metrics is first asked, not at boot
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -39,6 +38,7 @@ _CHANNEL = [
 
 
 def _family(name: str, kind: str, doc: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     if kind == "counter":
         return CounterMetricFamily(name, doc, labels=labels)
     return GaugeMetricFamily(name, doc, labels=labels)
@@ -51,6 +51,7 @@ class StatsCollector:
         self.get_stats = get_stats
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
         stats = self.get_stats()
         health = GaugeMetricFamily("nsq_health", "1 when the node is healthy", labels=[])
         health.add_metric([], 1.0 if stats["health"] == "OK" else 0.0)
@@ -115,6 +116,8 @@ def _supervisor_families(sup: dict[str, Any] | None) -> Iterator[Metric]:
 
 def exposition(get_stats: Callable[[], dict[str, Any]]) -> bytes:
     """The text exposition of the stats plus this process's own metrics."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.process_collector import ProcessCollector
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(get_stats))
     ProcessCollector(registry=registry)

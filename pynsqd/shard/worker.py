@@ -63,13 +63,12 @@ from pynsqd.shm import store
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.supervisor.control import ControlChannel
 from pynsqd.supervisor.placement import Placement
+from pynsqd.supervisor.slots import BOOT_ERROR, ENV
 
 log = logging.getLogger("pynsqd.shard")
 
-BOOT_ERROR = 3  # exit status: this worker cannot start; do not respawn (gunicorn's 3 too)
 HEARTBEAT_EVERY = 0.5  # seconds between heartbeat writes
 HEARTBEAT_SLOT = struct.Struct("d")
-ENV = "PYNSQD_WORKER"
 PR_SET_PDEATHSIG = 1
 DRAIN_POLL = 0.01  # seconds between checks for in-flight messages at shutdown
 

@@ -58,7 +58,6 @@ from pynsqd.shard.crossshard import create_rings, release_rings
 from pynsqd.shard.node import lock_data_path, recoverable
 from pynsqd.shard.statsd import StatsdLines, StatsdPusher, statsd_prefix
 from pynsqd.shard.transport import build_server_context
-from pynsqd.shard.worker import BOOT_ERROR, ENV
 from pynsqd.shm import store
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.aggregate import merge_stats
@@ -66,7 +65,7 @@ from pynsqd.supervisor.control import ControlChannel, channel_pair
 from pynsqd.supervisor.handoff import greet
 from pynsqd.supervisor.placement import Placement
 from pynsqd.supervisor.registration import Registration
-from pynsqd.supervisor.slots import Slot
+from pynsqd.supervisor.slots import BOOT_ERROR, ENV, Slot
 from pynsqd.wire.lookup import IdentifyInfo
 from pynsqd.wire.names import is_ephemeral, is_valid_name
 

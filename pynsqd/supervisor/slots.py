@@ -16,6 +16,11 @@ import time
 
 from pynsqd.supervisor.control import ControlChannel
 
+# The contract between the supervisor and a worker process, here rather than in the worker
+# module so that the supervisor never imports the shard's HTTP and broker stack.
+BOOT_ERROR = 3  # exit status: this worker cannot start; do not respawn (gunicorn's 3 too)
+ENV = "PYNSQD_WORKER"  # the environment variable naming a spawned process as a worker
+
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 10.0
 STABLE_AFTER = 10.0

@@ -1,4 +1,9 @@
-"""What the utilities share: consumer flags, ``--consumer-opt``, the signal-aware run loop.
+"""What the utilities share: consumer flags, ``--consumer-opt``, the command and its run loop.
+
+A utility is one ``Tool``: its name, options dataclass, start-up checks and body. ``Tool.run``
+parses the flags (``--version`` prints the version), runs the checks (a ``UsageError`` is one
+line on stderr and exit 1), sets up logging, and runs the body on uvloop with a stop event
+that SIGINT/SIGTERM set; ``Tool.main`` is the console-script entry point.
 
 ``--consumer-opt name,value`` (and ``--producer-opt``) takes go-nsq ``Config`` option names
 (NSQ-FACTS §8) and maps them onto ``pynsqd.client.Consumer``/``Producer`` arguments, including
@@ -16,23 +21,21 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import uvloop
 
-from pynsqd import NSQ_VERSION, __version__, logs
+from pynsqd import logs
 from pynsqd.client.config import Features, Identity, TLSOptions
 from pynsqd.client.consumer import Consumer
 from pynsqd.client.message import Message
-from pynsqd.options import MS, SECOND, UsageError, flag, parse_bool, parse_duration, resolve, run_cli
+from pynsqd.client.producer import Producer
+from pynsqd.options import MS, SECOND, UsageError, flag, parse_bool, parse_duration, resolve, run_cli, version_string
+from pynsqd.shared_flags import positive, require_one_source
 
 log = logging.getLogger("pynsqd.tools")
 T = TypeVar("T")
 HandlerFn = Callable[[Message], None]
-
-
-def _positive(value: int) -> str | None:
-    return None if value > 0 else "must be greater than 0"
 
 
 @dataclasses.dataclass
@@ -43,16 +46,13 @@ class ConsumerFlags:
     nsqd_tcp_addresses: list[str] = flag("nsqd-tcp-address", [], "nsqd TCP address", kind="strlist")
     lookupd_http_addresses: list[str] = flag("lookupd-http-address", [], "lookupd HTTP address", kind="strlist")
     max_in_flight: int = flag("max-in-flight", 200, "max number of messages to allow in flight",
-                              validate=_positive)
+                              validate=positive)
     consumer_opts: list[str] = flag("consumer-opt", [], "option to passthrough to nsq.Consumer "
                                     "(go-nsq Config names, e.g. max_attempts,10)", kind="strlist",
                                     parse=lambda raw: whole_items(raw))
 
     def check_sources(self) -> None:
-        if not self.nsqd_tcp_addresses and not self.lookupd_http_addresses:
-            raise UsageError("--nsqd-tcp-address or --lookupd-http-address required")
-        if self.nsqd_tcp_addresses and self.lookupd_http_addresses:
-            raise UsageError("use --nsqd-tcp-address or --lookupd-http-address not both")
+        require_one_source("nsqd-tcp-address", self.nsqd_tcp_addresses, self.lookupd_http_addresses)
 
 
 def whole_items(raw: Any) -> list[str]:
@@ -62,6 +62,12 @@ def whole_items(raw: Any) -> list[str]:
     if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
         return list(raw)
     raise ValueError(f"expected a string or a list of strings, got {raw!r}")
+
+
+def producer_opt_flag() -> Any:
+    """``--producer-opt``, as nsq_to_nsq and to_nsq declare it."""
+    return flag("producer-opt", [], "option to passthrough to nsq.Producer", kind="strlist",
+                parse=whole_items)
 
 
 def _seconds(raw: str) -> float:
@@ -154,13 +160,10 @@ def producer_options(pairs: Sequence[str]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in PRODUCER_KEYS}
 
 
-def parse(cls: type[T], argv: Sequence[str], prog: str, description: str) -> T | None:
-    """Parse a utility's flags; prints the version and returns None for ``--version``."""
-    opts, version = resolve(cls, argv, prog, description)
-    if version:
-        print(f"{prog} v{NSQ_VERSION} (built w/pynsqd {__version__})")
-        return None
-    return opts
+def producers_for(addresses: Sequence[str], producer_opts: Sequence[str]) -> dict[str, Producer]:
+    """One ``Producer`` per nsqd address, with the ``--producer-opt`` settings (not connected)."""
+    kwargs = producer_options(producer_opts)
+    return {address: Producer(address, **kwargs) for address in addresses}
 
 
 def consumers_for(topics: Sequence[str], flags: ConsumerFlags, handler_for: Callable[[str], Any],
@@ -180,13 +183,35 @@ async def consume_until(stop: asyncio.Event, consumers: Sequence[Consumer]) -> N
     await asyncio.gather(*(c.stop() for c in consumers))
 
 
-def main(run: Callable[[list[str]], int], prog: str, argv: list[str] | None) -> NoReturn:
-    """A utility's console-script entry: ``run(argv)`` with one-line errors and exit 1."""
-    run_cli(run, prog, argv if argv is not None else sys.argv[1:])
+@dataclasses.dataclass(frozen=True)
+class Tool(Generic[T]):
+    """One utility: ``check`` raises ``UsageError`` for options it cannot run with; ``body``
+    runs until done or until the stop event is set, and returns the exit status. Logs go to
+    stderr prefixed ``[prog] `` at ``log_level``, unless ``setup_logs`` sets them up itself."""
 
+    prog: str
+    options: type[T]
+    description: str
+    check: Callable[[T], None]
+    body: Callable[[T, asyncio.Event], Awaitable[int]]
+    log_level: str = "info"
+    setup_logs: Callable[[T], None] | None = None
 
-def setup_logging(prog: str, level: str = "info") -> None:
-    logs.setup(f"[{prog}] ", level)
+    def run(self, argv: list[str]) -> int:
+        opts, version = resolve(self.options, argv, self.prog, self.description)
+        if version:
+            print(version_string(self.prog))
+            return 0
+        self.check(opts)
+        if self.setup_logs is not None:
+            self.setup_logs(opts)
+        else:
+            logs.setup(f"[{self.prog}] ", self.log_level)
+        return run(lambda stop: self.body(opts, stop))
+
+    def main(self, argv: list[str] | None = None) -> NoReturn:
+        """The console-script entry point (``argv`` defaults to ``sys.argv[1:]``)."""
+        run_cli(self.run, self.prog, argv)
 
 
 def setup_logging_prefix(prefix: str, level: str) -> None:

@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import sys
 from collections.abc import Iterable
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 import httpx
 import orjson
@@ -25,6 +25,7 @@ import orjson
 from pynsqd.client import NSQError
 from pynsqd.client import http as nsq_http
 from pynsqd.options import SECOND, UsageError, flag
+from pynsqd.shared_flags import http_connect_timeout_flag, http_request_timeout_flag, require_one_source
 from pynsqd.tools import common
 
 log = logging.getLogger("pynsqd.tools")
@@ -45,10 +46,8 @@ class Options:
     nsqd_http_addresses: list[str] = flag("nsqd-http-address", [], "nsqd HTTP address", kind="strlist")
     lookupd_http_addresses: list[str] = flag("lookupd-http-address", [], "lookupd HTTP address",
                                              kind="strlist")
-    http_client_connect_timeout: int = flag("http-client-connect-timeout", 2 * SECOND,
-                                            "timeout for HTTP connect", kind="duration")
-    http_client_request_timeout: int = flag("http-client-request-timeout", 5 * SECOND,
-                                            "timeout for HTTP request", kind="duration")
+    http_client_connect_timeout: int = http_connect_timeout_flag()
+    http_client_request_timeout: int = http_request_timeout_flag()
 
 
 def format_row(totals: dict[str, int]) -> str:
@@ -121,26 +120,19 @@ async def main_async(opts: Options, stop: asyncio.Event, out: TextIO) -> int:
     return 0
 
 
-def run(argv: list[str]) -> int:
-    opts = common.parse(Options, argv, PROG, "poll /stats of every producer of a topic/channel")
-    if opts is None:
-        return 0
+def check(opts: Options) -> None:
     if not opts.topic or not opts.channel:
         raise UsageError("--topic and --channel are required")
-    if not opts.nsqd_http_addresses and not opts.lookupd_http_addresses:
-        raise UsageError("--nsqd-http-address or --lookupd-http-address required")
-    if opts.nsqd_http_addresses and opts.lookupd_http_addresses:
-        raise UsageError("use --nsqd-http-address or --lookupd-http-address not both")
+    require_one_source("nsqd-http-address", opts.nsqd_http_addresses, opts.lookupd_http_addresses)
     if opts.interval <= 0:
         raise UsageError("--interval must be greater than 0")
     if opts.count < 0:
         raise UsageError("--count must not be negative")
-    common.setup_logging(PROG, "warn")
-    return common.run(lambda stop: main_async(opts, stop, sys.stdout))
 
 
-def main(argv: list[str] | None = None) -> NoReturn:
-    common.main(run, PROG, argv)
+TOOL = common.Tool(PROG, Options, "poll /stats of every producer of a topic/channel", check,
+                   lambda opts, stop: main_async(opts, stop, sys.stdout), log_level="warn")
+run, main = TOOL.run, TOOL.main
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import random
 import sys
-from typing import BinaryIO, NoReturn
+from typing import BinaryIO
 
 from pynsqd.client import Message
 from pynsqd.options import UsageError, flag
@@ -61,10 +61,7 @@ async def main_async(opts: Options, stop: asyncio.Event, out: BinaryIO) -> int:
     return 0
 
 
-def run(argv: list[str]) -> int:
-    opts = common.parse(Options, argv, PROG, "consume topics and print the messages to stdout")
-    if opts is None:
-        return 0
+def check(opts: Options) -> None:
     opts.check_sources()
     if not opts.topics:
         raise UsageError("--topic required")
@@ -72,12 +69,11 @@ def run(argv: list[str]) -> int:
         raise UsageError("-n must not be negative")
     if not opts.channel:
         opts.channel = f"tail{random.randrange(1000000):06d}#ephemeral"
-    common.setup_logging(PROG, "warn")
-    return common.run(lambda stop: main_async(opts, stop, sys.stdout.buffer))
 
 
-def main(argv: list[str] | None = None) -> NoReturn:
-    common.main(run, PROG, argv)
+TOOL = common.Tool(PROG, Options, "consume topics and print the messages to stdout", check,
+                   lambda opts, stop: main_async(opts, stop, sys.stdout.buffer), log_level="warn")
+run, main = TOOL.run, TOOL.main
 
 
 if __name__ == "__main__":

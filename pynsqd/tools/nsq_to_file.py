@@ -15,13 +15,13 @@ import dataclasses
 import logging
 import re
 import time
-from typing import NoReturn
 
 import orjson
 
 from pynsqd.client import Message, NSQError
 from pynsqd.client import http as nsq_http
 from pynsqd.options import MINUTE, SECOND, UsageError, flag
+from pynsqd.shared_flags import http_connect_timeout_flag, http_request_timeout_flag, log_level_flag, log_prefix_flag
 from pynsqd.tools import common
 from pynsqd.tools.filelog import FileLog, FileLogConfig
 
@@ -57,12 +57,10 @@ class Options(common.ConsumerFlags):
     rotate_interval: int = flag("rotate-interval", 0, "rotate the file every duration", kind="duration")
     sync_interval: int = flag("sync-interval", 30 * SECOND, "sync file to disk every duration",
                               kind="duration")
-    http_client_connect_timeout: int = flag("http-client-connect-timeout", 2 * SECOND,
-                                            "timeout for HTTP connect", kind="duration")
-    http_client_request_timeout: int = flag("http-client-request-timeout", 5 * SECOND,
-                                            "timeout for HTTP request", kind="duration")
-    log_level: str = flag("log-level", "info", "set log verbosity: debug, info, warn, error, or fatal")
-    log_prefix: str = flag("log-prefix", "[nsq_to_file] ", "log message prefix")
+    http_client_connect_timeout: int = http_connect_timeout_flag()
+    http_client_request_timeout: int = http_request_timeout_flag()
+    log_level: str = log_level_flag(checked=False)  # checked at start, as nsq_to_file words it
+    log_prefix: str = log_prefix_flag(PROG)
 
     def file_config(self) -> FileLogConfig:
         return FileLogConfig(
@@ -196,10 +194,7 @@ async def main_async(opts: Options, stop: asyncio.Event) -> int:
     return 0
 
 
-def run(argv: list[str]) -> int:
-    opts = common.parse(Options, argv, PROG, "consume topics and write them to newline-delimited files")
-    if opts is None:
-        return 0
+def check(opts: Options) -> None:
     opts.check_sources()
     if not opts.topics and not opts.lookupd_http_addresses:
         raise UsageError("--topic is required (or --lookupd-http-address to discover topics)")
@@ -212,12 +207,11 @@ def run(argv: list[str]) -> int:
             re.compile(opts.topic_pattern)
         except re.error as exc:
             raise UsageError(f"invalid --topic-pattern: {exc}") from None
-    common.setup_logging_prefix(opts.log_prefix, opts.log_level)
-    return common.run(lambda stop: main_async(opts, stop))
 
 
-def main(argv: list[str] | None = None) -> NoReturn:
-    common.main(run, PROG, argv)
+TOOL = common.Tool(PROG, Options, "consume topics and write them to newline-delimited files", check, main_async,
+                   setup_logs=lambda opts: common.setup_logging_prefix(opts.log_prefix, opts.log_level))
+run, main = TOOL.run, TOOL.main
 
 
 if __name__ == "__main__":

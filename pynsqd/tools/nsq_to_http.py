@@ -16,13 +16,13 @@ import logging
 import random
 import time
 import urllib.parse
-from typing import NoReturn
 
 import httpx
 
 from pynsqd.client import Message, NSQError
 from pynsqd.client import http as nsq_http
 from pynsqd.options import SECOND, UsageError, flag
+from pynsqd.shared_flags import http_connect_timeout_flag, http_request_timeout_flag
 from pynsqd.tools import common
 from pynsqd.tools.upstream import MODES, Upstreams
 
@@ -47,10 +47,8 @@ class Options(common.ConsumerFlags):
     sample: float = flag("sample", 1.0, "% of messages to publish (float b/w 0 -> 1)")
     status_every: int = flag("status-every", 250, "the # of requests between logging status (per handler), "
                              "0 disables")
-    http_client_connect_timeout: int = flag("http-client-connect-timeout", 2 * SECOND,
-                                            "timeout for HTTP connect", kind="duration")
-    http_client_request_timeout: int = flag("http-client-request-timeout", 20 * SECOND,
-                                            "timeout for HTTP request", kind="duration")
+    http_client_connect_timeout: int = http_connect_timeout_flag()
+    http_client_request_timeout: int = http_request_timeout_flag(20 * SECOND)
 
 
 def parse_headers(raw: list[str]) -> dict[str, str]:
@@ -113,10 +111,7 @@ async def main_async(opts: Options, stop: asyncio.Event) -> int:
     return 0
 
 
-def run(argv: list[str]) -> int:
-    opts = common.parse(Options, argv, PROG, "consume a topic and make an HTTP request per message")
-    if opts is None:
-        return 0
+def check(opts: Options) -> None:
     opts.check_sources()
     if not opts.topic:
         raise UsageError("--topic required")
@@ -133,12 +128,10 @@ def run(argv: list[str]) -> int:
     if opts.publishers <= 0:
         raise UsageError("-n must be greater than 0")
     parse_headers(opts.headers)
-    common.setup_logging(PROG)
-    return common.run(lambda stop: main_async(opts, stop))
 
 
-def main(argv: list[str] | None = None) -> NoReturn:
-    common.main(run, PROG, argv)
+TOOL = common.Tool(PROG, Options, "consume a topic and make an HTTP request per message", check, main_async)
+run, main = TOOL.run, TOOL.main
 
 
 if __name__ == "__main__":

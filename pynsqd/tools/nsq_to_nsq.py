@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 
@@ -34,8 +34,7 @@ class Options(common.ConsumerFlags):
                                                      "destination nsqd TCP address", kind="strlist")
     destination_topic: str = flag("destination-topic", "", "use this destination topic for all consumed "
                                   "topics (default is consumed topic name)")
-    producer_opts: list[str] = flag("producer-opt", [], "option to passthrough to nsq.Producer",
-                                    kind="strlist", parse=common.whole_items)
+    producer_opts: list[str] = common.producer_opt_flag()
     mode: str = flag("mode", "hostpool", "the upstream request mode options: round-robin, hostpool (default), "
                      "epsilon-greedy")
     status_every: int = flag("status-every", 250, "the # of requests between logging status (per "
@@ -109,8 +108,7 @@ class Republisher:
 
 async def main_async(opts: Options, stop: asyncio.Event) -> int:
     kwargs = common.consumer_options(opts.consumer_opts)
-    pkw = common.producer_options(opts.producer_opts)
-    producers = {a: Producer(a, **pkw) for a in opts.destination_nsqd_tcp_addresses}
+    producers = common.producers_for(opts.destination_nsqd_tcp_addresses, opts.producer_opts)
     repub = Republisher(opts, producers)
     await common.consume_until(stop, common.consumers_for(opts.topics, opts, repub.handler, kwargs))
     for p in producers.values():
@@ -119,10 +117,7 @@ async def main_async(opts: Options, stop: asyncio.Event) -> int:
     return 0
 
 
-def run(argv: list[str]) -> int:
-    opts = common.parse(Options, argv, PROG, "consume topics and republish them to other nsqd")
-    if opts is None:
-        return 0
+def check(opts: Options) -> None:
     opts.check_sources()
     if not opts.topics:
         raise UsageError("--topic required")
@@ -132,12 +127,10 @@ def run(argv: list[str]) -> int:
         raise UsageError(f"invalid --mode {opts.mode!r}")
     if opts.require_json_value and not opts.require_json_field:
         raise UsageError("--require-json-value requires --require-json-field")
-    common.setup_logging(PROG)
-    return common.run(lambda stop: main_async(opts, stop))
 
 
-def main(argv: list[str] | None = None) -> NoReturn:
-    common.main(run, PROG, argv)
+TOOL = common.Tool(PROG, Options, "consume topics and republish them to other nsqd", check, main_async)
+run, main = TOOL.run, TOOL.main
 
 
 if __name__ == "__main__":

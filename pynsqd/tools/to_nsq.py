@@ -18,9 +18,9 @@ import stat
 import sys
 import time
 from collections.abc import AsyncGenerator
-from typing import NoReturn, cast
+from typing import cast
 
-from pynsqd.client import NSQError, Producer
+from pynsqd.client import NSQError
 from pynsqd.options import UsageError, flag
 from pynsqd.tools import common
 
@@ -35,8 +35,7 @@ class Options:
     topic: str = flag("topic", "", "NSQ topic to publish to")
     delimiter: str = flag("delimiter", "\n", "character to split input from stdin")
     nsqd_tcp_addresses: list[str] = flag("nsqd-tcp-address", [], "destination nsqd TCP address", kind="strlist")
-    producer_opts: list[str] = flag("producer-opt", [], "option to passthrough to nsq.Producer", kind="strlist",
-                                     parse=common.whole_items)
+    producer_opts: list[str] = common.producer_opt_flag()
     rate: int = flag("rate", 0, "Throttle messages to n/second. 0 to disable")
 
 
@@ -100,8 +99,7 @@ class Pacer:
 
 
 async def main_async(opts: Options, stop: asyncio.Event) -> int:
-    kwargs = common.producer_options(opts.producer_opts)
-    producers = [Producer(a, **kwargs) for a in opts.nsqd_tcp_addresses]
+    producers = list(common.producers_for(opts.nsqd_tcp_addresses, opts.producer_opts).values())
     try:
         for p in producers:
             await p.connect()
@@ -176,10 +174,7 @@ async def main_async(opts: Options, stop: asyncio.Event) -> int:
     return 0
 
 
-def run(argv: list[str]) -> int:
-    opts = common.parse(Options, argv, PROG, "publish lines from stdin to nsqd")
-    if opts is None:
-        return 0
+def check(opts: Options) -> None:
     if not opts.topic:
         raise UsageError("--topic required")
     if not opts.nsqd_tcp_addresses:
@@ -188,12 +183,10 @@ def run(argv: list[str]) -> int:
         raise UsageError("--delimiter must be a single character")
     if opts.rate < 0:
         raise UsageError("--rate must not be negative")
-    common.setup_logging(PROG)
-    return common.run(lambda stop: main_async(opts, stop))
 
 
-def main(argv: list[str] | None = None) -> NoReturn:
-    common.main(run, PROG, argv)
+TOOL = common.Tool(PROG, Options, "publish lines from stdin to nsqd", check, main_async)
+run, main = TOOL.run, TOOL.main
 
 
 if __name__ == "__main__":

@@ -52,6 +52,26 @@
       (text === undefined ? num(value) : text) + "</td>";
   }
   function badge(paused) { return paused ? ' <span class="badge paused">paused</span>' : ""; }
+  // A table of class "grid": a header cell per name, the rows, or one muted row saying `empty`.
+  function grid(heads, rows, empty, foot, cls) {
+    return '<table class="grid' + (cls ? " " + cls : "") + '"><thead><tr>' +
+      heads.map(function (h) { return "<th>" + h + "</th>"; }).join("") + "</tr></thead><tbody>" +
+      (rows.join("") || '<tr><td colspan="' + heads.length + '" class="muted">' + empty + "</td></tr>") +
+      "</tbody>" + (foot || "") + "</table>";
+  }
+
+  // A channel's queue figures and client count, one cell each (QUEUE_HEADS, then "Clients"),
+  // from any object that has them: a channel, a channel on one node, a channel's total.
+  function channelCells(c) {
+    return stat("depth", c.depth) + stat("memory_depth", c.memory_depth) + stat("backend_depth", c.backend_depth) +
+      stat("in_flight_count", c.in_flight_count) + stat("deferred_count", c.deferred_count) +
+      stat("requeue_count", c.requeue_count) + stat("timeout_count", c.timeout_count) +
+      stat("message_count", c.message_count) + stat("client_count", c.client_count);
+  }
+
+  // The columns of a node's or channel's queue figures, as every per-node table starts them.
+  var QUEUE_HEADS = ["Depth", "Memory", "Disk", "In flight", "Deferred", "Requeued", "Timed out", "Messages"];
+
   function card(label, value, name, text) {
     return '<div class="card"><div class="label">' + esc(label) + '</div><div class="value" data-stat="' +
       name + '" data-value="' + esc(value) + '">' + (text === undefined ? num(value) : text) + "</div></div>";
@@ -206,9 +226,7 @@
           stat("channels", s.channels) + stat("nodes", s.nodes) + "</tr>";
       });
       showWarnings([res[0].message, res[1].message]);
-      return '<table class="grid"><thead><tr><th>Topic</th><th>Depth</th><th>In flight</th><th>Messages</th>' +
-        "<th>msg/s</th><th>Channels</th><th>Nodes</th></tr></thead><tbody>" +
-        (rows.join("") || '<tr><td colspan="7" class="muted">no topics</td></tr>') + "</tbody></table>";
+      return grid(["Topic", "Depth", "In flight", "Messages", "msg/s", "Channels", "Nodes"], rows, "no topics");
     }
   };
 
@@ -245,28 +263,19 @@
       var channels = (t.channels || []).map(function (c) {
         return '<tr data-channel="' + esc(c.channel_name) + '"><td><a href="' +
           url("topics/" + enc(p.topic) + "/" + enc(c.channel_name)) + '">' + esc(c.channel_name) + "</a>" +
-          badge(c.paused) + "</td>" + stat("depth", c.depth) + stat("memory_depth", c.memory_depth) +
-          stat("backend_depth", c.backend_depth) + stat("in_flight_count", c.in_flight_count) +
-          stat("deferred_count", c.deferred_count) + stat("requeue_count", c.requeue_count) +
-          stat("timeout_count", c.timeout_count) + stat("message_count", c.message_count) +
-          stat("client_count", c.client_count) + "<td>" + sparkline((rates.channels || {})[c.channel_name]) +
+          badge(c.paused) + "</td>" + channelCells(c) + "<td>" + sparkline((rates.channels || {})[c.channel_name]) +
           '</td><td class="lat">' + latency(c.e2e_processing_latency) + "</td></tr>";
       });
       return '<div class="cards">' + card("Depth", t.depth, "depth") + card("In memory", t.memory_depth, "memory_depth") +
         card("On disk", t.backend_depth, "backend_depth") + card("Messages", t.message_count, "message_count") +
         card("Channels", (t.channels || []).length, "channels") + "</div>" +
-        "<h2>Nodes</h2><table class=\"grid\"><thead><tr><th>Node</th><th>Depth</th><th>Memory</th><th>Disk</th>" +
-        "<th>In flight</th><th>Deferred</th><th>Requeued</th><th>Timed out</th>" +
-        "<th>Messages</th><th>E2E latency</th><th></th></tr></thead><tbody>" +
-        (nodes.join("") || '<tr><td colspan="11" class="muted">no producers</td></tr>') +
-        '</tbody><tfoot><tr data-node="*"><td>Total</td>' + stat("depth", t.depth) +
-        stat("memory_depth", t.memory_depth) + stat("backend_depth", t.backend_depth) + channelSums(t.channels) +
-        stat("message_count", t.message_count) + '<td class="lat">' + latency(t.e2e_processing_latency) +
-        "</td><td></td></tr></tfoot></table>" +
-        "<h2>Channels</h2><table class=\"grid\"><thead><tr><th>Channel</th><th>Depth</th><th>Memory</th><th>Disk</th>" +
-        "<th>In flight</th><th>Deferred</th><th>Requeued</th><th>Timed out</th><th>Messages</th><th>Clients</th>" +
-        "<th>Rate</th><th>E2E latency</th></tr></thead><tbody>" +
-        (channels.join("") || '<tr><td colspan="12" class="muted">no channels</td></tr>') + "</tbody></table>";
+        "<h2>Nodes</h2>" + grid(["Node"].concat(QUEUE_HEADS, ["E2E latency", ""]), nodes, "no producers",
+          '<tfoot><tr data-node="*"><td>Total</td>' + stat("depth", t.depth) +
+          stat("memory_depth", t.memory_depth) + stat("backend_depth", t.backend_depth) + channelSums(t.channels) +
+          stat("message_count", t.message_count) + '<td class="lat">' + latency(t.e2e_processing_latency) +
+          "</td><td></td></tr></tfoot>") +
+        "<h2>Channels</h2>" + grid(["Channel"].concat(QUEUE_HEADS, ["Clients", "Rate", "E2E latency"]), channels,
+          "no channels");
     }
   };
 
@@ -291,11 +300,7 @@
       var nodes = (c.nodes || []).map(function (n) {
         return '<tr data-node="' + esc(n.node) + '"><td><a href="' + url("nodes/" + enc(n.node)) + '">' +
           esc(n.hostname || n.node) + '</a> <span class="muted">' + esc(n.node) + "</span>" + badge(n.paused) +
-          "</td>" + stat("depth", n.depth) + stat("memory_depth", n.memory_depth) +
-          stat("backend_depth", n.backend_depth) + stat("in_flight_count", n.in_flight_count) +
-          stat("deferred_count", n.deferred_count) + stat("requeue_count", n.requeue_count) +
-          stat("timeout_count", n.timeout_count) + stat("message_count", n.message_count) +
-          stat("client_count", n.client_count) + '<td class="lat">' + latency(n.e2e_processing_latency) + "</td></tr>";
+          "</td>" + channelCells(n) + '<td class="lat">' + latency(n.e2e_processing_latency) + "</td></tr>";
       });
       var clients = (c.clients || []).map(function (k) {
         var comp = [k.deflate ? "deflate" : "", k.snappy ? "snappy" : ""].filter(Boolean).join(", ") || "none";
@@ -312,20 +317,11 @@
         card("Deferred", c.deferred_count, "deferred_count") + card("Requeued", c.requeue_count, "requeue_count") +
         card("Timed out", c.timeout_count, "timeout_count") + card("Messages", c.message_count, "message_count") +
         card("Clients", c.client_count, "client_count") + "</div>" +
-        "<h2>Nodes</h2><table class=\"grid\"><thead><tr><th>Node</th><th>Depth</th><th>Memory</th><th>Disk</th>" +
-        "<th>In flight</th><th>Deferred</th><th>Requeued</th><th>Timed out</th><th>Messages</th><th>Clients</th>" +
-        "<th>E2E latency</th></tr></thead><tbody>" +
-        (nodes.join("") || '<tr><td colspan="11" class="muted">no producers</td></tr>') +
-        '</tbody><tfoot><tr data-node="*"><td>Total</td>' + stat("depth", c.depth) + stat("memory_depth", c.memory_depth) +
-        stat("backend_depth", c.backend_depth) + stat("in_flight_count", c.in_flight_count) +
-        stat("deferred_count", c.deferred_count) + stat("requeue_count", c.requeue_count) +
-        stat("timeout_count", c.timeout_count) + stat("message_count", c.message_count) +
-        stat("client_count", c.client_count) + '<td class="lat">' + latency(c.e2e_processing_latency) +
-        "</td></tr></tfoot></table>" +
-        "<h2>Clients</h2><table class=\"grid\"><thead><tr><th>Node</th><th>Client ID</th><th>Host</th>" +
-        "<th>User agent</th><th>Version</th><th>TLS</th><th>Compression</th><th>RDY</th><th>In flight</th>" +
-        "<th>Finished</th><th>Requeued</th><th>Messages</th><th>Connected</th></tr></thead><tbody>" +
-        (clients.join("") || '<tr><td colspan="13" class="muted">no clients</td></tr>') + "</tbody></table>";
+        "<h2>Nodes</h2>" + grid(["Node"].concat(QUEUE_HEADS, ["Clients", "E2E latency"]), nodes, "no producers",
+          '<tfoot><tr data-node="*"><td>Total</td>' + channelCells(c) + '<td class="lat">' +
+          latency(c.e2e_processing_latency) + "</td></tr></tfoot>") +
+        "<h2>Clients</h2>" + grid(["Node", "Client ID", "Host", "User agent", "Version", "TLS", "Compression", "RDY",
+          "In flight", "Finished", "Requeued", "Messages", "Connected"], clients, "no clients");
     }
   };
 
@@ -350,9 +346,8 @@
           (n.out_of_date ? ' <span class="badge paused">out of date</span>' : "") + "</td>" +
           stat("topics", n.topics.length) + '<td class="chips">' + chips + "</td></tr>";
       });
-      return '<table class="grid"><thead><tr><th>Hostname</th><th>Broadcast address</th><th>TCP port</th>' +
-        "<th>HTTP port</th><th>Version</th><th>Topics</th><th></th></tr></thead><tbody>" +
-        (rows.join("") || '<tr><td colspan="7" class="muted">no nodes</td></tr>') + "</tbody></table>";
+      return grid(["Hostname", "Broadcast address", "TCP port", "HTTP port", "Version", "Topics", ""], rows,
+        "no nodes");
     }
   };
 
@@ -374,19 +369,12 @@
         t.channels.forEach(function (c) {
           rows.push('<tr class="sub" data-channel="' + esc(t.topic_name + "/" + c.channel_name) + '"><td><a href="' +
             url("topics/" + enc(t.topic_name) + "/" + enc(c.channel_name)) + '">' + esc(c.channel_name) + "</a>" +
-            badge(c.paused) + "</td>" + stat("depth", c.depth) + stat("memory_depth", c.memory_depth) +
-            stat("backend_depth", c.backend_depth) + stat("in_flight_count", c.in_flight_count) +
-            stat("deferred_count", c.deferred_count) + stat("requeue_count", c.requeue_count) +
-            stat("timeout_count", c.timeout_count) + stat("message_count", c.message_count) +
-            stat("client_count", c.client_count) + "</tr>");
+            badge(c.paused) + "</td>" + channelCells(c) + "</tr>");
         });
       });
       return '<div class="cards">' + card("Messages", res.total_messages, "total_messages") +
         card("Clients", res.total_clients, "total_clients") + card("Topics", res.topics.length, "topics") + "</div>" +
-        '<table class="grid"><thead><tr><th>Topic / channel</th><th>Depth</th><th>Memory</th><th>Disk</th>' +
-        "<th>In flight</th><th>Deferred</th><th>Requeued</th><th>Timed out</th><th>Messages</th><th>Clients</th>" +
-        "</tr></thead><tbody>" + (rows.join("") || '<tr><td colspan="10" class="muted">no topics</td></tr>') +
-        "</tbody></table>";
+        grid(["Topic / channel"].concat(QUEUE_HEADS, ["Clients"]), rows, "no topics");
     }
   };
 
@@ -415,8 +403,7 @@
       });
       return '<div class="counter"><div class="big" data-stat="total" data-value="' + total + '">' + num(total) +
         '</div><div class="muted">messages processed</div><div class="rate" data-stat="rate">' + rate(r) +
-        " msg/s</div></div>" + (rows.length ? '<table class="grid"><thead><tr><th>Topic / channel</th>' +
-        "<th>Messages</th><th>Share</th></tr></thead><tbody>" + rows.join("") + "</tbody></table>" : "");
+        " msg/s</div></div>" + (rows.length ? grid(["Topic / channel", "Messages", "Share"], rows, "") : "");
     }
   };
 
@@ -445,8 +432,7 @@
           '">Delete</button>' : "") + "</td></tr>";
       });
       var all = res[0].topics.map(function (t) { return '<a class="chip" href="' + url("topics/" + enc(t)) + '">' + esc(t) + "</a>"; });
-      return "<h2>Topics without producers</h2><table class=\"grid plain\"><thead><tr><th>Topic</th><th>Channels</th><th></th>" +
-        "</tr></thead><tbody>" + (rows.join("") || '<tr><td colspan="3" class="muted">none</td></tr>') + "</tbody></table>" +
+      return "<h2>Topics without producers</h2>" + grid(["Topic", "Channels", ""], rows, "none", "", "plain") +
         '<h2>All topics</h2><div class="chips">' + (all.join(" ") || '<span class="muted">none</span>') + "</div>";
     }
   };
