@@ -1,6 +1,6 @@
 """Spark ↔ NSQ throughput: the ``nsq`` streaming source and the ``nsq`` sink, rows/s.
 
-    .venv/bin/python bench/bench_spark.py [--messages 300000] [--rows 1000000] [--repeat 3]
+    .venv/bin/python bench/bench_spark.py [--messages 300000] [--rows 1000000] [--repeat 3] [--only source]
 
 source: N messages are published to a fresh nsqd (``--max-rdy-count`` raised so a batch can
 stay in flight until the next one commits it), then one streaming query reads them with
@@ -59,13 +59,16 @@ def publish(tcp: int, topic: str, n: int, size: int) -> None:
             producer.multi_publish(topic, [body] * min(10_000, n - start))
 
 
-def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic: str, tmp: str) -> float:
+def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic: str, tmp: str) -> tuple[float, int]:
+    """Seconds until every message was FINed, and the number of micro-batches it took."""
     publish(tcp, topic, args.messages, args.size)
     df = (spark.readStream.format("nsq").option("nsqdTCPAddresses", f"127.0.0.1:{tcp}").option("topic", topic)
           .option("channel", "bench").option("maxBatch", str(args.max_batch))
           .option("maxInFlight", str(3 * args.max_batch)).option("partitions", str(args.partitions)).load())
     writer = df.writeStream.option("checkpointLocation", f"{tmp}/ckpt-{topic}")
     writer = writer.format("parquet").option("path", f"{tmp}/out-{topic}") if args.parquet else writer.format("noop")
+    if args.trigger_ms:
+        writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
     t0 = time.perf_counter()
     query = writer.start()
     try:
@@ -76,7 +79,9 @@ def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic:
             if query.exception() is not None:
                 raise SystemExit(f"query failed: {query.exception()}")
             time.sleep(0.05)
-        return time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        progress = query.lastProgress
+        return elapsed, (progress["batchId"] + 1 if progress else 0)
     finally:
         query.stop()
 
@@ -101,6 +106,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--parquet", action="store_true", help="source into Parquet instead of noop")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", choices=["source", "sink"], help="measure one side only")
+    parser.add_argument("--trigger-ms", type=int, default=0,
+                        help="source: a processingTime trigger (default: the next batch as soon as one ends)")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-spark-")
     node, tcp, http = start_node(f"{tmp}/data", f"--max-rdy-count={4 * args.max_batch}", "--mem-queue-size=1000000")
@@ -108,15 +116,22 @@ def main() -> None:
     counter = iter(range(1_000_000))
     try:
         warm = argparse.Namespace(**{**vars(args), "messages": 2000, "rows": 2000})
-        source_run(spark, warm, tcp, http, "warm", tmp)
-        sink_run(spark, warm, tcp, "warmsink")
+        if args.only != "sink":
+            source_run(spark, warm, tcp, http, "warm", tmp)
+        if args.only != "source":
+            sink_run(spark, warm, tcp, "warmsink")
 
         def one(a: argparse.Namespace) -> Figures:
             n = next(counter)
-            src = source_run(spark, a, tcp, http, f"src{n}", tmp)
-            snk = sink_run(spark, a, tcp, f"sink{n}")
-            return {"source": {"rows_s": a.messages / src, "MB_s": a.messages * a.size / src / 1e6, "secs": src},
-                    "sink": {"rows_s": a.rows / snk, "MB_s": a.rows * a.size / snk / 1e6, "secs": snk}}
+            figures: Figures = {}
+            if a.only != "sink":
+                src, batches = source_run(spark, a, tcp, http, f"src{n}", tmp)
+                figures["source"] = {"rows_s": a.messages / src, "MB_s": a.messages * a.size / src / 1e6, "secs": src,
+                                     "batches": batches}
+            if a.only != "source":
+                snk = sink_run(spark, a, tcp, f"sink{n}")
+                figures["sink"] = {"rows_s": a.rows / snk, "MB_s": a.rows * a.size / snk / 1e6, "secs": snk}
+            return figures
 
         report(one, args, f"{args.size}-byte bodies, local[2], machine shared with other work")
     finally:

@@ -33,6 +33,22 @@ Public API (stable)::
     consumer.is_starved(); consumer.stats; consumer.in_flight; consumer.conns
     await consumer.stop(grace=30.0)                      # graceful: CLS, wait, close
 
+Batch delivery, for high rates (no object or call per message; ``pynsqd.client.batch``)::
+
+    def on_batch(batch: MessageBatch) -> bool | None:     # or an ``async def``
+        ...  # same auto-response rules as a handler, for the batch's unanswered messages
+
+    consumer = BatchConsumer("topic", "channel", on_batch, nsqd_tcp_addresses=[...],
+                             max_in_flight=10000, ...)   # Consumer's options but max_attempts/on_discard
+    # a batch is one read's run of messages from one nsqd, undecoded:
+    len(batch); batch.nsqd_address; batch.ids(); batch.bodies(); batch.attempts()
+    for timestamp_ns, attempts, msg_id, body in batch: ...
+    batch.frames; batch.offsets           # frames[offsets[i]:offsets[i+1]] = message i's NSQ frame
+    batch[i:j]                            # a slice, sharing the frames; answered on its own
+    batch.disable_auto_response()         # then answer later, from anywhere on the loop:
+    batch.finish(); batch.requeue(delay=None, backoff=True); batch.touch()   # one write each
+    batch.responded                       # every message answered
+
 TLS, compression and AUTH (keyword options of ``Producer``, ``SyncProducer`` and ``Consumer``,
 go-nsq's names; negotiated in IDENTIFY, in NSQ's order TLS → compression → AUTH)::
 
@@ -75,7 +91,8 @@ Exceptions (every one the library raises derives from ``NSQError``)::
      ├── ProtocolViolationError    the peer did not speak NSQ (bad frame, bad IDENTIFY reply)
      └── ClientClosedError         the producer/consumer was closed
 
-Modules: ``connection`` (the asyncio.Protocol adapter), ``handshake`` (connect, IDENTIFY, TLS,
+Modules: ``connection`` (the asyncio.Protocol adapter), ``batch`` (frame runs, ``MessageBatch``),
+``batchconsumer``, ``handshake`` (connect, IDENTIFY, TLS,
 compression, AUTH: the TCP error boundary), ``producer``,
 ``consumer``, ``message``, ``discovery`` (lookupd polling), ``rdy`` and ``backoff`` (pure
 state), ``http`` (the HTTP error boundary), ``config`` (IDENTIFY, ``TLSOptions``), ``errors``.
@@ -83,6 +100,8 @@ state), ``http`` (the HTTP error boundary), ``config`` (IDENTIFY, ``TLSOptions``
 
 from __future__ import annotations
 
+from pynsqd.client.batch import MessageBatch
+from pynsqd.client.batchconsumer import BatchConsumer
 from pynsqd.client.config import Identity, TLSOptions
 from pynsqd.client.consumer import Consumer
 from pynsqd.client.errors import (
@@ -100,7 +119,7 @@ from pynsqd.client.message import Message
 from pynsqd.client.producer import Producer, SyncProducer
 
 __all__ = [
-    "ClientClosedError", "ConnectError", "ConnectionClosedError", "Consumer", "HTTPError", "Identity",
-    "Message", "NSQError", "NSQTimeoutError", "Producer", "ProtocolViolationError", "ResponseError",
+    "BatchConsumer", "ClientClosedError", "ConnectError", "ConnectionClosedError", "Consumer", "HTTPError", "Identity",
+    "Message", "MessageBatch", "NSQError", "NSQTimeoutError", "Producer", "ProtocolViolationError", "ResponseError",
     "SyncProducer", "TLSOptions", "TransportError",
 ]

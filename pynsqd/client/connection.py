@@ -10,7 +10,10 @@ Theory of operation. ``NSQProtocol`` is a thin ``asyncio.Protocol``: ``data_rece
 - an error frame with a non-fatal code (``E_FIN_FAILED``/``E_REQ_FAILED``/``E_TOUCH_FAILED``,
   answers to commands that have no response) → the ``on_error`` callback; a fatal one → the
   oldest waiting future as ``ResponseError`` (nsqd closes the connection right after);
-- a message frame → the ``on_message`` callback, with the decoded message.
+- a message frame → the ``on_message`` callback, with the decoded message; or, once
+  ``deliver_batches`` switched the connection to batch mode, runs of consecutive message
+  frames → ``on_batch(frames, offsets)``, undecoded (``pynsqd.client.batch.FrameSplitter``
+  splits the stream; other frames are dispatched as above, in stream order).
 
 Writes are gathered: ``send`` appends to a buffer that is flushed once per loop iteration, so
 the FINs a handler issues for a whole batch of messages leave in one ``write``. A connection
@@ -35,6 +38,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, cast
 
+from pynsqd.client.batch import FrameSplitter, MessageRun
 from pynsqd.client.errors import ConnectionClosedError, NSQError, NSQTimeoutError, ProtocolViolationError, ResponseError
 from pynsqd.wire.commands import NOP
 from pynsqd.wire.compression import Codec, CompressionError
@@ -73,6 +77,8 @@ class NSQProtocol(asyncio.Protocol):
         self.hold_output = False  # a TLS handshake is running: keep queued output
         self._hold = False  # stop parsing after the next response to a command
         self._held: bytearray | None = None  # bytes received since then, still encoded
+        self._splitter: FrameSplitter | None = None  # batch mode (``deliver_batches``)
+        self.on_batch: Callable[[bytes, list[int]], None] | None = None
 
     # --- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -91,8 +97,17 @@ class NSQProtocol(asyncio.Protocol):
             except CompressionError as exc:
                 self._fail(ProtocolViolationError(f"bad {self.codec.name} stream from {self.address}: {exc}"))
 
+    def deliver_batches(self, on_batch: Callable[[bytes, list[int]], None]) -> None:
+        """From now on hand message frames over in runs, undecoded: ``on_batch(frames,
+        offsets)`` per run (``pynsqd.client.batch``) instead of ``on_message`` per message.
+        Call it once the stream's encoding is settled (after SUB), before RDY."""
+        self.on_batch = on_batch
+        self._splitter = FrameSplitter(self._parser.take_buffered())
+
     def _frames(self, data: bytes) -> bool:
         """Dispatch the frames ``data`` completes; False once the connection was failed."""
+        if self._splitter is not None:
+            return self._runs(self._splitter, data)
         while True:
             items = self._parser.feed(data, 1 if self._hold else 0)
             data = b""
@@ -104,6 +119,18 @@ class NSQProtocol(asyncio.Protocol):
                     return False
             if not self._hold or not items:
                 return True
+
+    def _runs(self, splitter: FrameSplitter, data: bytes) -> bool:
+        for item in splitter.feed(data):
+            if isinstance(item, MessageRun):
+                assert self.on_batch is not None
+                self.on_batch(item.frames, item.offsets)
+            elif isinstance(item, ProtocolError):
+                self._fail(ProtocolViolationError(f"bad frame from {self.address}: {item}"))
+                return False
+            elif not self._frame(*item):
+                return False
+        return True
 
     def _frame(self, frame_type: int, payload: bytes) -> bool:
         if frame_type == FRAME_MESSAGE:

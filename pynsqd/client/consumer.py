@@ -205,7 +205,7 @@ class Consumer:
             proto.close()
             raise ClientClosedError("consumer is stopping")
         conn = _Conn(address, proto, settings, discovered)
-        proto.on_message = lambda raw: self._on_message(conn, raw)
+        self._attach(conn)
         proto.on_error = lambda err: log.warning("%s: %s", address, err)
         self.conns[address] = conn
         self.stats["connects"] += 1
@@ -354,6 +354,10 @@ class Consumer:
         self._backoff_action(action)
 
     # --- messages ---------------------------------------------------------------------------
+    def _attach(self, conn: _Conn) -> None:
+        """Route ``conn``'s messages to this consumer (``BatchConsumer`` routes runs instead)."""
+        conn.proto.on_message = lambda raw: self._on_message(conn, raw)
+
     def _on_message(self, conn: _Conn, raw: RawMessage) -> None:
         timestamp, attempts, msg_id, body = raw
         self.stats["received"] += 1
@@ -373,9 +377,7 @@ class Consumer:
                 self._answer(msg, encode_fin(msg.id), None)
             return
         if self._is_coroutine:
-            task = asyncio.ensure_future(self._run_async(msg))
-            self._handler_tasks.add(task)
-            task.add_done_callback(self._handler_tasks.discard)
+            self._track(self._run_async(msg))
             return
         try:
             result = self.handler(msg)
@@ -387,11 +389,15 @@ class Consumer:
                 msg.finish()
             return
         if inspect.isawaitable(result):
-            task = asyncio.ensure_future(self._await_result(msg, result))
-            self._handler_tasks.add(task)
-            task.add_done_callback(self._handler_tasks.discard)
+            self._track(self._await_result(msg, result))
             return
         self._auto_respond(msg, result)
+
+    def _track(self, coro: Awaitable[None]) -> None:
+        """Run a handler's coroutine as a task that ``stop`` cancels if it outlives the grace."""
+        task = asyncio.ensure_future(coro)
+        self._handler_tasks.add(task)
+        task.add_done_callback(self._handler_tasks.discard)
 
     async def _run_async(self, msg: Message) -> None:
         try:
@@ -431,15 +437,19 @@ class Consumer:
         msg._conn.send(encode_touch(msg.id))
 
     def _answer(self, msg: Message, command: bytes, success: bool | None) -> None:
-        conn = msg._conn
-        conn.send(command)
-        self._in_flight -= 1
+        msg._conn.send(command)
+        self._answered(msg._conn, 1, success)
+
+    def _answered(self, conn: _Conn, count: int, success: bool | None) -> None:
+        """``count`` messages delivered on ``conn`` were answered (the commands are sent):
+        in-flight and RDY bookkeeping, one backoff result (``success`` None: none)."""
+        self._in_flight -= count
         if self._in_flight <= 0:
             self._in_flight = 0
             self._idle.set()
         if self.conns.get(conn.address) is not conn:
             return
-        self.rdy.on_done(conn.address)
+        self.rdy.on_done(conn.address, count)
         if success is not None and not self._stopping:
             self._backoff_action(self.backoff.result(success, self._loop.time()))
         if not self.backoff.active and not self._stopping:

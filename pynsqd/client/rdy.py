@@ -105,18 +105,20 @@ class RdyBook:
         conn.received = 0
         return count
 
-    def on_message(self, key: Hashable, now: float) -> None:
+    def on_message(self, key: Hashable, now: float, count: int = 1) -> None:
+        """``count`` messages arrived on ``key`` (a batch counts at once)."""
         conn = self.conns.get(key)
         if conn is not None:
-            conn.received += 1
-            conn.in_flight += 1
+            conn.received += count
+            conn.in_flight += count
             conn.fresh = False
             conn.last_active = now
 
-    def on_done(self, key: Hashable) -> None:
+    def on_done(self, key: Hashable, count: int = 1) -> None:
+        """``count`` of ``key``'s in-flight messages were answered."""
         conn = self.conns.get(key)
-        if conn is not None and conn.in_flight > 0:
-            conn.in_flight -= 1
+        if conn is not None:
+            conn.in_flight = max(0, conn.in_flight - count)
 
     def wants_update(self, key: Hashable) -> int | None:
         """After a message on ``key`` was answered: the RDY to send now, or None."""

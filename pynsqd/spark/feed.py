@@ -1,18 +1,22 @@
-"""The source's consumer: ``pynsqd.client.Consumer`` on a loop thread, answering only on demand.
+"""The source's consumer: a ``pynsqd.client.BatchConsumer`` on a loop thread, answering only on demand.
 
 Theory of operation
 -------------------
 The driver-side runner calls ``take``/``finish`` synchronously; the consumer lives on a
-``LoopThread``. Every delivered message has its auto-response disabled and is appended to a
-deque (the handler runs on the loop thread). ``take(n)`` pops up to ``n`` of them for a batch
-(the runner's thread; ``deque.popleft`` is atomic). ``finish(held)`` runs the FINs on the loop
-thread and returns once they were handed to the connections, after which the held messages
-are forgotten. The consumer is made with ``max_attempts=0``: discarding a message is a FIN
-without a commit, which the source must never do.
+``LoopThread``, and every piece of the Feed's state is touched only there (the runner's calls
+are coroutines run on the loop with ``LoopThread.call``). The consumer delivers
+``MessageBatch``es — a read's run of undecoded message frames from one nsqd — with auto-response
+disabled; they are queued as they are, so no Python object exists per message.
 
-Every unanswered message — buffered or in a batch — is TOUCHed once it has been held for
-half the message timeout, so a slow batch (or a long wait for the next trigger) does not
-make nsqd redeliver messages Spark is still working on.
+``take(n)`` pops batches until ``n`` messages are taken, slicing the last one (``batch[:k]``
+goes, ``batch[k:]`` stays queued; slices share the frames). ``finish(batches)`` FINs each
+batch — one joined write per batch, on the connection that delivered it — once its Spark
+batch is committed. A batch whose connection died meanwhile sends nothing: nsqd already gave
+those messages back and delivers them again, so nothing is lost.
+
+Every held batch — queued or taken — is TOUCHed (one joined write) once it has been held for
+half the message timeout, so a slow Spark batch (or a long wait for the next trigger) does
+not make nsqd redeliver messages Spark is still working on.
 """
 
 from __future__ import annotations
@@ -24,33 +28,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from pynsqd.client import Consumer, Identity, Message
+from pynsqd.client import BatchConsumer, Identity, MessageBatch
 from pynsqd.spark.loopthread import shared
 from pynsqd.spark.options import SourceOptions
-from pynsqd.wire.message import encode_message
 
 log = logging.getLogger(__name__)
-
-
-class Held:
-    """A message in a batch: where it came from, its bytes as NSQ sent them, and the message."""
-
-    __slots__ = ("message", "nsqd", "raw")
-
-    def __init__(self, message: Message) -> None:
-        self.message = message
-        self.nsqd = message.nsqd_address
-        self.raw = encode_message(message.timestamp, message.attempts, message.id, message.body)
 
 
 class Feed:
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self._lt = shared()
-        self._buffer: deque[Message] = deque()
+        self._buffer: deque[MessageBatch] = deque()  # loop thread only, as everything below
         self._arrived = threading.Event()
-        self._touched: dict[bytes, tuple[Message, float]] = {}  # loop thread only
-        self._consumer: Consumer | None = None
+        self._held: dict[MessageBatch, float] = {}  # every unanswered batch → when last TOUCHed
+        self._consumer: BatchConsumer | None = None
         self._touch_task: asyncio.Task[None] | None = None
         self._start_task: asyncio.Task[None] | None = None
 
@@ -58,11 +50,10 @@ class Feed:
         self._lt.call(self._start())
 
     async def _start(self) -> None:
-        self._consumer = Consumer(
-            self.opts.topic, self.opts.channel, self._on_message,
+        self._consumer = BatchConsumer(
+            self.opts.topic, self.opts.channel, self._on_batch,
             nsqd_tcp_addresses=self.opts.nsqd, lookupd_http_addresses=self.opts.lookupd,
-            max_in_flight=self.opts.max_in_flight, max_attempts=0,
-            lookupd_poll_interval=15.0,
+            max_in_flight=self.opts.max_in_flight, lookupd_poll_interval=15.0,
             identity=Identity(msg_timeout=self.opts.msg_timeout_ms, user_agent="pynsqd.spark"),
         )
         # start() waits up to connect_timeout for the first connections; messages flow as soon as
@@ -70,11 +61,11 @@ class Feed:
         self._start_task = asyncio.ensure_future(self._consumer.start())
         self._touch_task = asyncio.ensure_future(self._touch_loop())
 
-    def _on_message(self, message: Message) -> None:
-        message.disable_auto_response()
-        self._touched[message.id] = (message, time.monotonic())
-        self._buffer.append(message)
-        if not self._arrived.is_set():  # Event.set takes a lock: once per idle period, not per message
+    def _on_batch(self, batch: MessageBatch) -> None:
+        batch.disable_auto_response()
+        self._held[batch] = time.monotonic()
+        self._buffer.append(batch)
+        if not self._arrived.is_set():  # Event.set takes a lock: once per idle period, not per batch
             self._arrived.set()
 
     async def _touch_loop(self) -> None:
@@ -82,10 +73,10 @@ class Feed:
         while True:
             await asyncio.sleep(half / 4)
             now = time.monotonic()
-            for msg_id, (message, since) in list(self._touched.items()):
-                if now - since >= half and not message.responded:
-                    self._answer(message.touch)
-                    self._touched[msg_id] = (message, now)
+            for batch, since in list(self._held.items()):
+                if now - since >= half and not batch.responded:
+                    self._answer(batch.touch)
+                    self._held[batch] = now
 
     @staticmethod
     def _answer(command: Callable[[], None]) -> None:
@@ -94,32 +85,46 @@ class Feed:
         try:
             command()
         except Exception as exc:
-            log.warning("pynsqd.spark: could not answer a message: %s", exc)
+            log.warning("pynsqd.spark: could not answer messages: %s", exc)
 
     def wait_for_messages(self, timeout: float) -> bool:
         """Block until at least one message is buffered, or ``timeout`` seconds passed."""
         return self._arrived.wait(timeout)
 
-    def take(self, n: int) -> list[Held]:
-        out: list[Held] = []
-        pop = self._buffer.popleft
-        try:
-            while len(out) < n:
-                out.append(Held(pop()))
-        except IndexError:
+    def take(self, n: int) -> list[MessageBatch]:
+        """Up to ``n`` buffered messages, as batches (the last one maybe a slice)."""
+        return self._lt.call(self._take(n))
+
+    async def _take(self, n: int) -> list[MessageBatch]:
+        out: list[MessageBatch] = []
+        buffer, held = self._buffer, self._held
+        while buffer and n > 0:
+            batch = buffer[0]
+            if len(batch) <= n:
+                out.append(buffer.popleft())
+                n -= len(batch)
+                continue
+            head, tail = batch[:n], batch[n:]
+            since = held.pop(batch)
+            held[head] = held[tail] = since
+            buffer[0] = tail
+            out.append(head)
+            n = 0
+        if not buffer:
             self._arrived.clear()
         return out
 
-    def finish(self, held: list[Held]) -> None:
-        """FIN every held message (its batch is committed); returns once they were sent."""
-        self._lt.call(self._finish(held))
+    def finish(self, batches: list[MessageBatch]) -> None:
+        """FIN every message of ``batches`` (their Spark batch is committed); returns once the
+        FINs were handed to the connections."""
+        self._lt.call(self._finish(batches))
 
-    async def _finish(self, held: list[Held]) -> None:
-        touched = self._touched
-        for h in held:
-            touched.pop(h.message.id, None)
-            if not h.message.responded:
-                self._answer(h.message.finish)
+    async def _finish(self, batches: list[MessageBatch]) -> None:
+        held = self._held
+        for batch in batches:
+            held.pop(batch, None)
+            if not batch.responded:
+                self._answer(batch.finish)
 
     def close(self) -> None:
         self._lt.call(self._close())

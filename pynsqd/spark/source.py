@@ -9,10 +9,11 @@ runner per query: the only persistent Python object, so it owns the NSQ consumer
 executors in fresh, unpickled copies that share nothing with the runner.
 
 Offsets are ``{"seq": n, "hb": k}``. ``latestOffset`` takes up to ``maxBatch`` (or the
-engine's ``ReadMaxRows``) buffered messages, spools them into ``partitions`` files
-(``spool.py``) named for the new ``seq`` and returns ``{"seq": n + 1, "hb": 0}``; the messages
-stay in flight, held. ``partitions(start, end)`` lists those files; executors parse them into
-Arrow batches in parallel. Spark calls ``commit(end)`` while planning the *next* batch, after
+engine's ``ReadMaxRows``) buffered messages — as the client delivered them, ``MessageBatch``es
+of undecoded frames — spools the frames into ``partitions`` files (``spool.py``) named for the
+new ``seq`` and returns ``{"seq": n + 1, "hb": 0}``; the messages stay in flight, held.
+``partitions(start, end)`` lists those files; executors parse them into Arrow batches in
+parallel. Spark calls ``commit(end)`` while planning the *next* batch, after
 the sink's commit and the ``commits/`` log entry for ``end`` are durable: only then does the
 runner FIN the batch's messages and delete its files. So:
 
@@ -44,11 +45,11 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from pynsqd.spark.options import SourceOptions
-from pynsqd.spark.spool import arrow_batches, write_spool
+from pynsqd.spark.spool import Segment, arrow_batches, write_spool
 
 # A Trigger.AvailableNow run waits this long for the first messages, and counts the topic as
-# drained after a quiet period this long. Both cover the consumer's RDY ramp (a new connection
-# holds RDY 1 until its first message is handled) on a busy host: a 1 s quiet period ended a
+# drained after a quiet period this long. Both cover a slow start on a busy host (connect, SUB,
+# a new connection's RDY 1 until its first delivery raises it): a 1 s quiet period once ended a
 # run after its first message under load. The cost is this many idle seconds at the end of a
 # batch-style run.
 AVAILABLE_NOW_WAIT = 5.0
@@ -131,15 +132,29 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"seq": self._seq, "hb": self._hb}
 
     def _spool(self, seq: int, held: list[Any]) -> list[str]:
+        """Write the batches ``held`` (``MessageBatch``es) into up to ``partitions`` files of
+        about equal message counts, slicing batches at the boundaries (no per-message work)."""
         nsqds: dict[str, int] = {}
-        records = [(nsqds.setdefault(m.nsqd, len(nsqds)), m.raw) for m in held]
-        parts = max(1, min(self.opts.partitions, len(records)))
-        size = -(-len(records) // parts)
+        total = sum(len(b) for b in held)
+        parts = max(1, min(self.opts.partitions, total))
+        size = -(-total // parts)
+        files: list[list[Segment]] = [[]]
+        room = size
+        for batch in held:
+            index = nsqds.setdefault(batch.nsqd_address, len(nsqds))
+            offsets, frames = batch.offsets, batch.frames
+            while len(offsets) > 1:
+                if room == 0:
+                    files.append([])
+                    room = size
+                take = min(room, len(offsets) - 1)
+                files[-1].append((index, frames, offsets[:take + 1]))
+                offsets = offsets[take:]
+                room -= take
         paths = []
-        for i in range(parts):
+        for i, segments in enumerate(files):
             path = os.path.join(self._dir, f"{seq:012d}-{i:03d}.spool")
-            write_spool(path, self.opts.topic, self.opts.channel, list(nsqds),
-                        records[i * size:(i + 1) * size])
+            write_spool(path, self.opts.topic, self.opts.channel, list(nsqds), segments)
             paths.append(path)
         return paths
 

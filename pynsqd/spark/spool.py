@@ -3,20 +3,29 @@
 Theory of operation
 -------------------
 The source's driver-side runner holds the NSQ connections (only it can FIN, and only after
-Spark committed the batch), but parsing rows in that one process would cap the stream at one
-core. So the runner only *writes*: each batch's messages go, as the exact bytes NSQ delivered,
-into a few spool files (one per partition), and executors parse those files into Arrow record
-batches in parallel.
+Spark committed the batch), but any per-message work in that one process caps the stream at
+what one core does. So the runner only *writes*, and writes what it received as it received
+it: the client's batch mode (``pynsqd.client.MessageBatch``) hands over runs of NSQ message
+frames, undecoded, with their offsets, and a spool file is those runs back to back. Executors
+turn a file into Arrow record batches with vectorised Arrow kernels — no Python loop per
+message on either side.
 
 A spool file is::
 
-    b"NSQSPOOL1\\n"  JSON header line {"topic", "channel", "nsqd": [address, ...]}  b"\\n"
-    then per message:  [4B uint32 BE length][1B nsqd index][NSQ message encoding]
+    b"NSQSPOOL2\\n"  JSON header line {"topic", "channel", "nsqd": [address, ...]}  b"\\n"
+    then per segment (a run of frames from one nsqd):
+        [SEGMENT: 2B nsqd index, 4B count n, 4B base, 4B length L]  (little-endian)
+        [(n + 1) x 4B offsets, little-endian]  frame i = data[offsets[i] - base : offsets[i + 1] - base]
+        [L bytes of data: the n frames, as nsqd sent them]
 
-The message encoding is NSQ's own (``pynsqd.wire.message``: timestamp ns, attempts, 16-byte
-id, body), so a body may hold any bytes, newlines included. Files are written to a temporary
-name and renamed into place, so a reader sees a whole file or none; a file for a sequence
-number that is reused after a restart is simply replaced.
+A frame is ``[4B size][4B type][8B timestamp ns][2B attempts][16B id][body]`` (NSQ's message
+frame, big-endian), so a body may hold any bytes, newlines included. The offsets are written
+as the client's list holds them (``base`` is the first), so the driver never rebases them one
+by one; executors subtract ``base`` in one Arrow kernel. Files are written to a temporary name
+and renamed into place, so a reader sees a whole file or none; a file for a sequence number
+that is reused after a restart is simply replaced. A bad file (not a spool file, truncated,
+offsets out of order or out of bounds, a frame shorter than a message header) is a
+``SpoolError``, never a crash of the Arrow kernels: offsets are validated before use.
 """
 
 from __future__ import annotations
@@ -24,39 +33,58 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
+from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pynsqd.wire.message import BODY_OFFSET, HEADER
-
-MAGIC = b"NSQSPOOL1\n"
-RECORD = struct.Struct(">IB")
+MAGIC = b"NSQSPOOL2\n"
+SEGMENT = struct.Struct("<HIII")
+MIN_FRAME = 34  # frame header 8 + message header 26
+ID_AT, TS_AT, ATTEMPTS_AT, BODY_AT = 18, 8, 16, 34  # field positions inside a frame
 
 SCHEMA_DDL = "id string, attempts int, timestamp timestamp, body binary, nsqd string, topic string, channel string"
+NAMES = ["id", "attempts", "timestamp", "body", "nsqd", "topic", "channel"]
 ROWS_PER_ARROW_BATCH = 65536
+_LITTLE = sys.byteorder == "little"
+
+Segment = tuple[int, bytes, list[int]]  # (nsqd index, frames, offsets into frames: n + 1 of them)
 
 
 class SpoolError(Exception):
-    """A spool file is missing, truncated or not a spool file."""
+    """A spool file is missing, truncated, corrupt or not a spool file."""
 
 
-def write_spool(path: str, topic: str, channel: str, nsqds: Sequence[str],
-                records: Sequence[tuple[int, bytes]]) -> None:
-    """Write ``records`` (``(nsqd index, raw NSQ message)``) to ``path`` atomically."""
+def _le32(values: list[int]) -> bytes:
+    out = array("I", values)
+    if out.itemsize != 4:  # pragma: no cover - every platform CPython runs on has a 4-byte "I"
+        out = array("L", values)
+    if not _LITTLE:  # pragma: no cover
+        out.byteswap()
+    return out.tobytes()
+
+
+def write_spool(path: str, topic: str, channel: str, nsqds: Sequence[str], segments: Sequence[Segment]) -> int:
+    """Write ``segments`` to ``path`` atomically; return the number of messages written."""
     header = json.dumps({"topic": topic, "channel": channel, "nsqd": list(nsqds)}).encode()
-    parts = [MAGIC, header, b"\n"]
-    pack = RECORD.pack
-    for index, raw in records:
-        parts.append(pack(len(raw), index))
-        parts.append(raw)
+    parts: list[bytes | memoryview] = [MAGIC, header, b"\n"]
+    count = 0
+    for index, frames, offsets in segments:
+        n = len(offsets) - 1
+        if n <= 0:
+            continue
+        base, end = offsets[0], offsets[-1]
+        parts += [SEGMENT.pack(index, n, base, end - base), _le32(offsets), memoryview(frames)[base:end]]
+        count += n
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:
-        f.write(b"".join(parts))
+        f.writelines(parts)
     os.replace(tmp, path)
+    return count
 
 
-def read_spool(path: str) -> tuple[dict[str, Any], list[tuple[int, bytes]]]:
-    """Read a spool file back into its header and ``(nsqd index, raw message)`` records."""
+def read_spool(path: str) -> tuple[dict[str, Any], list[tuple[int, int, memoryview, memoryview]]]:
+    """A spool file's header and segments ``(nsqd index, base, offsets bytes, frame bytes)``."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -67,49 +95,91 @@ def read_spool(path: str) -> tuple[dict[str, Any], list[tuple[int, bytes]]]:
     end = data.find(b"\n", len(MAGIC))
     if end < 0:
         raise SpoolError(f"{path}: truncated header")
-    header = json.loads(data[len(MAGIC):end])
-    records: list[tuple[int, bytes]] = []
-    pos, size, unpack = end + 1, len(data), RECORD.unpack_from
+    try:
+        header = json.loads(data[len(MAGIC):end])
+        nsqds = header["nsqd"]
+        header["topic"], header["channel"]
+    except (ValueError, KeyError, TypeError):
+        raise SpoolError(f"{path}: bad header") from None
+    view = memoryview(data)
+    segments = []
+    pos, size = end + 1, len(data)
     while pos < size:
-        if pos + RECORD.size > size:
-            raise SpoolError(f"{path}: truncated record at byte {pos}")
-        length, index = unpack(data, pos)
-        pos += RECORD.size
-        if pos + length > size or length < BODY_OFFSET:
-            raise SpoolError(f"{path}: bad record length {length} at byte {pos}")
-        records.append((index, data[pos:pos + length]))
-        pos += length
-    return header, records
+        if pos + SEGMENT.size > size:
+            raise SpoolError(f"{path}: truncated segment header at byte {pos}")
+        index, n, base, length = SEGMENT.unpack_from(data, pos)
+        pos += SEGMENT.size
+        offsets_end = pos + 4 * (n + 1)
+        if n == 0 or index >= len(nsqds) or offsets_end + length > size:
+            raise SpoolError(f"{path}: bad segment at byte {pos - SEGMENT.size}")
+        segments.append((index, base, view[pos:offsets_end], view[offsets_end:offsets_end + length]))
+        pos = offsets_end + length
+    return header, segments
+
+
+def _frames_array(path: str, base: int, offsets: memoryview, frames: memoryview) -> Any:
+    """One segment as an Arrow binary array of whole frames, validated."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(offsets) // 4 - 1
+    offs = pa.Array.from_buffers(pa.uint32(), n + 1, [None, pa.py_buffer(offsets)])
+    if offs[0].as_py() != base:
+        raise SpoolError(f"{path}: segment offsets do not start at their base")
+    rebased = pc.subtract(offs, pa.scalar(base, pa.uint32())).cast(pa.int32())
+    arr = pa.Array.from_buffers(pa.binary(), n, [None, rebased.buffers()[1], pa.py_buffer(frames)])
+    try:
+        arr.validate(full=True)  # offsets increasing and inside the data
+    except pa.ArrowInvalid as exc:
+        raise SpoolError(f"{path}: bad segment offsets: {exc}") from None
+    if rebased[n].as_py() != len(frames) or pc.min(pc.binary_length(arr)).as_py() < MIN_FRAME:
+        raise SpoolError(f"{path}: a segment's frames do not match its offsets")
+    return arr
+
+
+def _big_endian(column: Any, code: str, arrow_type: Any) -> Any:
+    """Fixed-width big-endian integers (an array of equal-length binary slices) → Arrow ints."""
+    import pyarrow as pa
+
+    values = array(code)
+    packed = column.cast(pa.binary(values.itemsize))  # fixed-size: one contiguous buffer
+    values.frombytes(memoryview(packed.buffers()[1])[:len(column) * values.itemsize])
+    if _LITTLE:
+        values.byteswap()
+    return pa.Array.from_buffers(arrow_type, len(column), [None, pa.py_buffer(values)])
 
 
 def arrow_batches(path: str) -> Iterator[Any]:
     """Parse a spool file into ``pyarrow.RecordBatch``es in the source's schema (executor side)."""
     import pyarrow as pa
 
-    header, records = read_spool(path)
-    topic, channel, nsqds = header["topic"], header["channel"], header["nsqd"]
-    unpack = HEADER.unpack_from
-    for start in range(0, len(records), ROWS_PER_ARROW_BATCH):
-        chunk = records[start:start + ROWS_PER_ARROW_BATCH]
-        ids: list[str] = []
-        attempts: list[int] = []
-        stamps: list[int] = []
-        bodies: list[bytes] = []
-        where: list[str] = []
-        for index, raw in chunk:
-            ts, att, msg_id = unpack(raw)
-            ids.append(msg_id.decode("ascii", "replace"))
-            attempts.append(att)
-            stamps.append(ts // 1000)
-            bodies.append(raw[BODY_OFFSET:])
-            where.append(nsqds[index])
-        n = len(chunk)
-        yield pa.RecordBatch.from_arrays([
-            pa.array(ids, pa.string()),
-            pa.array(attempts, pa.int32()),
-            pa.array(stamps, pa.timestamp("us", tz="UTC")),
-            pa.array(bodies, pa.binary()),
-            pa.array(where, pa.string()),
-            pa.array([topic] * n, pa.string()),
-            pa.array([channel] * n, pa.string()),
-        ], names=["id", "attempts", "timestamp", "body", "nsqd", "topic", "channel"])
+    header, segments = read_spool(path)
+    if not segments:
+        return
+    try:
+        table = _table(path, header, segments)
+    except (pa.ArrowInvalid, OverflowError) as exc:
+        raise SpoolError(f"{path}: corrupt spool file: {exc}") from None
+    yield from table.to_batches(max_chunksize=ROWS_PER_ARROW_BATCH)
+
+
+def _table(path: str, header: dict[str, Any], segments: list[tuple[int, int, memoryview, memoryview]]) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    frames = pa.concat_arrays([_frames_array(path, base, offs, data) for _, base, offs, data in segments])
+    nsqds: list[str] = header["nsqd"]
+    where = pa.concat_arrays([pa.repeat(nsqds[index], len(offs) // 4 - 1).cast(pa.string())
+                              for index, _, offs, _ in segments])
+    n = len(frames)
+    stamps = pc.divide(_big_endian(pc.binary_slice(frames, TS_AT, ATTEMPTS_AT), "q", pa.int64()),
+                       pa.scalar(1000, pa.int64()))
+    return pa.Table.from_arrays([
+        pc.binary_slice(frames, ID_AT, BODY_AT).cast(pa.string()),
+        _big_endian(pc.binary_slice(frames, ATTEMPTS_AT, ID_AT), "H", pa.uint16()).cast(pa.int32()),
+        stamps.cast(pa.timestamp("us", tz="UTC")),
+        pc.binary_slice(frames, BODY_AT, 2**31 - 1),
+        where,
+        pa.repeat(pa.scalar(header["topic"], pa.string()), n),
+        pa.repeat(pa.scalar(header["channel"], pa.string()), n),
+    ], names=NAMES)
