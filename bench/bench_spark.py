@@ -111,7 +111,11 @@ def main() -> None:
                         help="source: a processingTime trigger (default: the next batch as soon as one ends)")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-spark-")
-    node, tcp, http = start_node(f"{tmp}/data", f"--max-rdy-count={4 * args.max_batch}", "--mem-queue-size=1000000")
+    # Every message the stream holds in flight (up to 3 x maxBatch) stays in the shard's
+    # shared-memory log until its batch commits: size the log for that, or delivery stalls.
+    log_bytes = max(32 << 20, 4 * args.max_batch * (args.size + 96))
+    node, tcp, http = start_node(f"{tmp}/data", f"--max-rdy-count={4 * args.max_batch}", "--mem-queue-size=1000000",
+                                 f"--mem-queue-bytes={log_bytes}")
     spark = session()
     counter = iter(range(1_000_000))
     try:
