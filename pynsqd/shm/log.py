@@ -30,7 +30,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 
-from pynsqd.shm.ring import FRAME_SIZE, HEADER_SIZE, WRAP, ByteRing, RingError, Writable
+from pynsqd.shm.ring import FRAME, FRAME_SIZE, HEADER_SIZE, WRAP, ByteRing, RingError, Writable
 
 READY = 1
 IN_FLIGHT = 2
@@ -38,7 +38,6 @@ DEFERRED = 3
 DONE = 4
 STATE_SIZE = 16
 
-_FRAME = struct.Struct("<II")
 _DUE = struct.Struct("<Q")
 _ATTEMPTS = struct.Struct(">H")
 _ATTEMPTS_AT = STATE_SIZE + 8  # offset of the message's attempts field within a record
@@ -116,7 +115,7 @@ class MessageLog(ByteRing):
 
     def message_at(self, pos: int) -> tuple[int, int, bytes]:
         """(state, due, message) of the record at ``pos``."""
-        size = _FRAME.unpack_from(self._buf, HEADER_SIZE + pos - FRAME_SIZE)[0]
+        size = FRAME.unpack_from(self._buf, HEADER_SIZE + pos - FRAME_SIZE)[0]
         record = self._buf[HEADER_SIZE + pos:HEADER_SIZE + pos + size].tobytes()
         return record[0], _DUE.unpack_from(record, 8)[0], record[STATE_SIZE:]
 
@@ -135,7 +134,7 @@ class MessageLog(ByteRing):
         read = self.read_index
         if cursor < read:
             cursor = read
-        unpack = _FRAME.unpack_from
+        unpack = FRAME.unpack_from
         runs: list[tuple[list[int], list[int]]] = []
         found = 0
         while cursor < write and found < max_count:
@@ -198,7 +197,7 @@ class MessageLog(ByteRing):
         """``deliver_ready`` for known positions of READY records (requeued in place)."""
         buf = self._buf
         for pos in positions:
-            size = _FRAME.unpack_from(buf, HEADER_SIZE + pos - FRAME_SIZE)[0]
+            size = FRAME.unpack_from(buf, HEADER_SIZE + pos - FRAME_SIZE)[0]
             self._deliver_run([pos], [pos + size], out, ids)
 
     def _deliver_run(self, starts: list[int], ends: list[int], out: bytearray, ids: list[bytes]) -> None:
@@ -230,11 +229,11 @@ class MessageLog(ByteRing):
     def _frame_at(self, read: int) -> tuple[int, int, int]:
         """The record at index ``read`` (< write), past a wrap marker: (index, area pos, size)."""
         pos = read % self._cap
-        size, check = _FRAME.unpack_from(self._buf, HEADER_SIZE + pos)
+        size, check = FRAME.unpack_from(self._buf, HEADER_SIZE + pos)
         if size == WRAP and check == 0:
             read += self._cap - pos
             pos = 0
-            size, check = _FRAME.unpack_from(self._buf, HEADER_SIZE)
+            size, check = FRAME.unpack_from(self._buf, HEADER_SIZE)
         if size ^ check != WRAP or size < STATE_SIZE:
             raise RingError(f"corrupt record frame at {pos} (length {size})")
         return read, pos, size
@@ -251,7 +250,7 @@ class MessageLog(ByteRing):
         """Advance the read index past DONE records at the front; return bytes released."""
         buf = self._buf
         cap = self._cap
-        unpack = _FRAME.unpack_from
+        unpack = FRAME.unpack_from
         write = self.write_index
         read = start = self.read_index
         released = 0

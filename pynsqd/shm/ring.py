@@ -65,8 +65,8 @@ _READ = 16
 _RSEQ = 17
 
 _VER = struct.Struct("<II")
-_FRAME = struct.Struct("<II")
-_WRAP_FRAME = _FRAME.pack(WRAP, 0)
+FRAME = struct.Struct("<II")  # a record's frame head: its size, and size ^ WRAP (MessageLog reads it too)
+_WRAP_FRAME = FRAME.pack(WRAP, 0)
 _PADS = [b"\0" * n for n in range(8)]
 
 
@@ -188,7 +188,7 @@ class ByteRing:
         if (read <= write and not (read | write) & 7 and frame <= cap - (write - read)
                 and frame <= cap - start and frame <= self._max_frame):
             at = HEADER_SIZE + start
-            self._buf[at:at + frame] = _FRAME.pack(size, size ^ WRAP) + record + _PADS[-size & 7]
+            self._buf[at:at + frame] = FRAME.pack(size, size ^ WRAP) + record + _PADS[-size & 7]
             words[_WSEQ] = words[_WSEQ] + 1
             words[_WRITE] = write + frame
             return True
@@ -216,7 +216,7 @@ class ByteRing:
         total = sum(frames)
         if sizes and total <= free and total <= tail and max(frames) <= max_frame:
             pads = _PADS
-            heads = list(map(_FRAME.pack, sizes, [n ^ WRAP for n in sizes]))
+            heads = list(map(FRAME.pack, sizes, [n ^ WRAP for n in sizes]))
             tails = [pads[-n & 7] for n in sizes]
             if extra:
                 data = b"".join(chain.from_iterable(zip(heads, repeat(prefix), records, tails)))
@@ -230,7 +230,7 @@ class ByteRing:
         head: list[bytes] = []
         wrapped: list[bytes] = []
         pieces = head
-        pack = _FRAME.pack
+        pack = FRAME.pack
         pads = _PADS
         used = 0
         count = 0
@@ -286,7 +286,7 @@ class ByteRing:
         """
         buf = self._buf
         cap = self._cap
-        unpack = _FRAME.unpack_from
+        unpack = FRAME.unpack_from
         count = 0
         while read < write and count < max_count:
             pos = start = read % cap
