@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import wrk  # noqa: E402
 from bench.bench_tcp import Meter  # noqa: E402
-from bench.common import Figures, remove_segments, report, start_node  # noqa: E402
+from bench.common import Figures, report, running_node  # noqa: E402
 
 
 def load(port: int, request: bytes, conns: int, runfor: float, start: float) -> tuple[int, list[float]]:
@@ -149,10 +149,9 @@ def one_run(args: argparse.Namespace) -> Figures:
     mpub = (b"POST /mpub?topic=bench HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(mbody)) + mbody
     with tempfile.TemporaryDirectory() as data:
         flags = [f"--shards={args.shards}"] if args.shards else []
-        proc, _, port = start_node(data, "--mem-queue-size=10000000", "--log-level=info", *flags)
-        server = Meter(proc.pid)  # the supervisor and every shard
         small = argparse.Namespace(**{**vars(args), "connections": max(args.procs, 4)})
-        try:
+        with running_node(data, "--mem-queue-size=10000000", "--log-level=info", *flags) as (proc, _, port):
+            server = Meter(proc.pid)  # the supervisor and every shard
             if args.loadgen == "wrk":
                 out = {"pub": wrk_phase(f"http://127.0.0.1:{port}/pub?topic=bench", body, 1, args, server, args.size),
                        "mpub": wrk_phase(f"http://127.0.0.1:{port}/mpub?topic=bench", mbody, args.batch, small,
@@ -164,10 +163,6 @@ def one_run(args: argparse.Namespace) -> Figures:
             answered = round(sum(out[ph]["msgs_s"] for ph in ("pub", "mpub")) * args.runfor)
             if stored(port) < answered * 0.99:  # the figures' seconds are wrk's, not exactly runfor
                 raise SystemExit(f"the node stored {stored(port)} messages, fewer than the {answered} answered OK")
-        finally:
-            proc.terminate()
-            proc.wait(30)
-            remove_segments(data)
     return out
 
 
