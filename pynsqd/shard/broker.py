@@ -232,14 +232,19 @@ class Broker:
         if self.exiting:
             raise BrokerError("exiting")
         prefix = HEADER.pack(time.time_ns(), 0, b"")[:10]
-        ids = self.ids.next_ids(len(bodies))
-        records = [prefix + msg_id + body for msg_id, body in zip(ids, bodies)]
+        if len(bodies) == 1:  # PUB and HTTP /pub: no comprehension for one message
+            records = [prefix + self.ids.next_id() + bodies[0]]
+            size = len(bodies[0])
+        else:
+            ids = self.ids.next_ids(len(bodies))
+            records = [prefix + msg_id + body for msg_id, body in zip(ids, bodies)]
+            size = sum(map(len, bodies))
         router = self._remote(topic_name)
         if router is not None:
-            router.forward(topic_name, records, sum(map(len, bodies)), 0)
+            router.forward(topic_name, records, size, 0)
             return
         try:
-            self.get_topic(topic_name).put_many(records, sum(map(len, bodies)))
+            self.get_topic(topic_name).put_many(records, size)
         except OSError as exc:
             self.health = f"NOK - {exc}"
             raise BrokerError(str(exc)) from exc
