@@ -3,12 +3,17 @@
     .venv/bin/python bench/bench_spark.py [--messages 300000] [--rows 1000000] [--repeat 3] [--only source]
 
 source: N messages are published to a fresh nsqd (``--max-rdy-count`` raised so a batch can
-stay in flight until the next one commits it), then one streaming query reads them with
-``format("nsq")`` into the ``noop`` sink (or Parquet with ``--parquet``); the clock runs from
-``start()`` until nsqd reports every message FINed (so it includes the commit of the last
-batch). sink: ``spark.range(rows)`` as string bodies written with ``format("nsq")``; the clock
-runs until ``save()`` returned (every MPUB confirmed). One local[2] SparkSession for every run;
-its start-up and the first query's Python start-up are excluded (a warm-up run does both).
+stay in flight until the next one commits it; the shared-memory log sized so the backlog
+stays in memory) into a channel that already exists (``--new-channel``: before it exists),
+then one streaming query reads them with ``format("nsq")`` into the ``noop`` sink (or Parquet
+with ``--parquet``). ``rows_s``: the clock runs from ``start()`` until nsqd reports every
+message FINed (so it includes the query's start-up and the commit of the last batch);
+``steady_rows_s``: from the first FIN seen to the last. sink: ``spark.range(rows)`` as string
+bodies written with ``format("nsq")``; the clock runs until ``save()`` returned (every MPUB
+confirmed). One local[2] SparkSession for every run; its start-up, the first query's Python
+start-up and the JVM's first JIT compilation are excluded by an unmeasured warm-up run of
+``--warmup`` messages (default: as many as a measured run). ``PYNSQD_SPARK_TRACE=dir`` on the
+command line traces the source (``bench/spark_timeline.py dir``).
 """
 
 from __future__ import annotations
