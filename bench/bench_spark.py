@@ -74,7 +74,8 @@ def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic:
     """rows/s from ``start()`` until every message was FINed, and in the steady state (from the
     first FIN seen to the last: query start-up excluded), and the number of micro-batches."""
     if not args.new_channel:  # a consumer group that exists: the backlog waits in its channel
-        _HTTP.post(f"http://127.0.0.1:{http}/channel/create", params={"topic": topic, "channel": "bench"})
+        for what, params in (("topic", {"topic": topic}), ("channel", {"topic": topic, "channel": "bench"})):
+            _HTTP.post(f"http://127.0.0.1:{http}/{what}/create", params=params).raise_for_status()
     publish(tcp, topic, args.messages, args.size)
     df = (spark.readStream.format("nsq").option("nsqdTCPAddresses", f"127.0.0.1:{tcp}").option("topic", topic)
           .option("channel", "bench").option("maxBatch", str(args.max_batch))
