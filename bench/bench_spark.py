@@ -48,7 +48,9 @@ def session(java_options: str) -> Any:
     return spark
 
 
-_HTTP = httpx.Client()  # one client: httpx.get() builds a client (and its TLS context) per call, ~10 ms of CPU
+# One client: httpx.get() builds a client (and its TLS context) per call, ~27 ms of CPU. A long
+# timeout: with a 1.2M-message backlog the node once took over 5 s (httpx's default) to answer.
+_HTTP = httpx.Client(timeout=60.0)
 
 
 def finished(http: int, topic: str, channel: str) -> tuple[int, int, int]:
@@ -87,10 +89,13 @@ def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic:
     t0 = time.perf_counter()
     query = writer.start()
     first: tuple[float, int] | None = None
+    slowest = 0.0  # the longest /stats poll: the node's event loop busy for that long
     try:
         while True:
+            asked = time.perf_counter()
             fin, depth, inflight = finished(http, topic, "bench")
             now = time.perf_counter()
+            slowest = max(slowest, now - asked)
             if first is None and fin > 0:
                 first = (now, fin)
             if fin >= args.messages and depth == 0 and inflight == 0:
@@ -104,7 +109,7 @@ def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic:
         steady = (args.messages - first[1]) / max(now - first[0], 1e-9)
         return {"rows_s": args.messages / elapsed, "steady_rows_s": steady,
                 "MB_s": args.messages * args.size / elapsed / 1e6, "secs": elapsed,
-                "batches": progress["batchId"] + 1 if progress else 0}
+                "batches": progress["batchId"] + 1 if progress else 0, "slowest_stats_s": slowest}
     finally:
         query.stop()
 
