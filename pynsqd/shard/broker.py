@@ -120,7 +120,10 @@ class Broker:
         now = time.monotonic_ns()
         for obj in dirty:
             if not obj.deleted:
-                obj.pump(now)
+                try:
+                    obj.pump(now)
+                except Exception:  # a bug: the other pumps of this turn still run
+                    log.exception("%r: pump failed", obj)
 
     def _scan(self) -> None:
         assert self._loop is not None
