@@ -79,25 +79,31 @@ class Topic:
 
     def put_many(self, records: list[bytes], body_bytes: int) -> None:
         """Publish. Raises the backend's error if the messages cannot be stored."""
-        if self.flowing and not len(self.queue) and not self.retry_at:
+        if self.flowing and not len(self.queue) and not self.retry_at:  # nothing handed: no retry pending
+            took = 0
             try:
-                self._hand_on(records, Channel.put_many)
+                for channel in self.channels.values():
+                    channel.put_many(records)
+                    took += 1
             except Exception as exc:
-                if not self.handed:
+                if not took:
                     raise  # no channel took them: the publish fails as a whole
-                try:
-                    self.queue.put_many(records)  # the pump hands them to the other channels
-                except Exception:
-                    for record in records:
-                        self.handed.pop(record[ID_OFFSET:ID_OFFSET + 16], None)
-                    raise
-                self._failed(time.monotonic_ns(), exc)
+                self._keep_refused(records, took, exc)
         else:
             self.queue.put_many(records)
             if self.flowing:
                 self._schedule(self)
         self.message_count += len(records)
         self.message_bytes += body_bytes
+
+    def _keep_refused(self, records: list[bytes], took: int, exc: Exception) -> None:
+        """The first ``took`` channels took ``records``, the next one refused them: queue
+        them here for the pump to hand to the others (raises if the topic cannot either)."""
+        names = set(list(self.channels)[:took])
+        self.queue.put_many(records)
+        for record in records:
+            self.handed[record[ID_OFFSET:ID_OFFSET + 16]] = set(names)
+        self._failed(time.monotonic_ns(), exc)
 
     def put_deferred(self, record: bytes, delay: int, now: int, body_bytes: int) -> None:
         if self.flowing:
