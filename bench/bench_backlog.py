@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_tcp import Meter, _connect, _read_response, consumer  # noqa: E402
+from bench.bench_tcp import Meter, _connect, _read_response, consumer, create_channels  # noqa: E402
 from bench.common import Figures, gather_results, report, running_node  # noqa: E402
-from pynsqd.wire.commands import encode_mpub, encode_sub  # noqa: E402
+from pynsqd.wire.commands import encode_mpub  # noqa: E402
 
 
 def publish_count(addr: tuple[str, int], topic: str, size: int, batch: int, count: int,
@@ -73,10 +73,7 @@ def one_run(args: argparse.Namespace) -> Figures:
         meter = Meter(proc.pid)
         time.sleep(0.5)
         figures["idle"] = {"rss_mb": meter.rss() / 2**20}
-        sock = _connect(addr)
-        sock.sendall(encode_sub("backlog", "ch"))
-        _read_response(sock)
-        sock.close()
+        create_channels(addr, ["backlog"])
         q = ctx.Queue()
         first = min(100_000, args.count)  # the RSS at this backlog, then the rest
         n1, t1, _ = _phase([ctx.Process(target=publish_count, args=(addr, "backlog", args.size, args.batch,

@@ -40,8 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_tcp import Meter, _connect, _read_response, fin_frames  # noqa: E402
-from bench.common import Figures, add_load_args, remove_segments, report, start_node  # noqa: E402
+from bench.bench_tcp import Meter, _connect, _read_response, create_channels, fin_frames  # noqa: E402
+from bench.common import Figures, add_load_args, report, running_node  # noqa: E402
 from pynsqd.wire.commands import encode_mpub, encode_rdy, encode_sub  # noqa: E402
 
 TOPICS = [f"many{i:02d}" for i in range(32)]
@@ -154,51 +154,43 @@ def _owners(data: str) -> dict[str, int]:
 def one_node(args: argparse.Namespace, shards: int) -> Figures:
     ctx = mp.get_context("spawn")
     figures: Figures = {}
-    with tempfile.TemporaryDirectory() as data:
-        proc, tcp_port, _ = start_node(data, f"--shards={shards}", f"--mem-queue-size={args.mem_queue_size}",
-                                       "--log-level=info")
+    with tempfile.TemporaryDirectory() as data, running_node(
+            data, f"--shards={shards}", f"--mem-queue-size={args.mem_queue_size}", "--log-level=info",
+            stop_timeout=60) as node:
+        proc, tcp_port, _ = node
         addr = ("127.0.0.1", tcp_port)
         meter = Meter(proc.pid)
-        try:
-            for t in TOPICS:  # the channels exist before publishing
-                sock = _connect(addr)
-                sock.sendall(encode_sub(t, "ch"))
-                _read_response(sock)
-                sock.close()
-            q = ctx.Queue()
-            tag = f"s{shards}"
-            start = time.time() + 0.5
-            pubs = [ctx.Process(target=publisher, args=(addr, TOPICS[w:] + TOPICS[:w], args.size, args.batch,
-                                                         args.runfor, start, q)) for w in range(args.workers)]
-            figures[f"{tag}_pub"] = _phase("pub", pubs, q, meter, args.size)
-            total = int(figures[f"{tag}_pub"]["msgs"])
-            start = time.time() + 0.5
-            per = len(TOPICS) // args.workers
-            subs = [ctx.Process(target=consumers, args=(addr, TOPICS[w * per:(w + 1) * per], args.runfor * 3,
-                                                         total, start, q)) for w in range(args.workers)]
-            spies = _profile(meter, args.profile and f"{args.profile}/s{shards}", args.runfor)
-            figures[f"{tag}_sub"] = _phase("sub", subs, q, meter, args.size)
-            for spy in spies:
-                spy.wait(60)
-            if shards > 1 and "local" in args.phases:
-                owners = _owners(data)
-                home = [t for t in TOPICS if owners[t] == owners[TOPICS[0]]]
-                away = [t for t in TOPICS if owners[t] != owners[TOPICS[0]]]
-                for name, topics in (("local", home), ("cross", [TOPICS[0], *away])):
-                    start = time.time() + 0.5
-                    # the first MPUB decides the connection's shard: always TOPICS[0]'s owner
-                    pubs = [ctx.Process(target=publisher, args=(addr, topics, args.size, args.batch,
-                                                                 args.runfor / 2, start, q))
-                            for _ in range(args.workers)]
-                    figures[f"{tag}_{name}"] = _phase(name, pubs, q, meter, args.size)
-                local = figures[f"{tag}_local"]["cpu_us_per_msg"]
-                cross = figures[f"{tag}_cross"]["cpu_us_per_msg"]
-                n = len(away) + 1
-                figures[f"{tag}_cross"]["cross_us_per_msg"] = (cross - local) * n / len(away)
-        finally:
-            proc.terminate()
-            proc.wait(60)
-            remove_segments(data)
+        create_channels(addr, TOPICS)  # the channels exist before publishing
+        q = ctx.Queue()
+        tag = f"s{shards}"
+        start = time.time() + 0.5
+        pubs = [ctx.Process(target=publisher, args=(addr, TOPICS[w:] + TOPICS[:w], args.size, args.batch,
+                                                     args.runfor, start, q)) for w in range(args.workers)]
+        figures[f"{tag}_pub"] = _phase("pub", pubs, q, meter, args.size)
+        total = int(figures[f"{tag}_pub"]["msgs"])
+        start = time.time() + 0.5
+        per = len(TOPICS) // args.workers
+        subs = [ctx.Process(target=consumers, args=(addr, TOPICS[w * per:(w + 1) * per], args.runfor * 3,
+                                                     total, start, q)) for w in range(args.workers)]
+        spies = _profile(meter, args.profile and f"{args.profile}/s{shards}", args.runfor)
+        figures[f"{tag}_sub"] = _phase("sub", subs, q, meter, args.size)
+        for spy in spies:
+            spy.wait(60)
+        if shards > 1 and "local" in args.phases:
+            owners = _owners(data)
+            home = [t for t in TOPICS if owners[t] == owners[TOPICS[0]]]
+            away = [t for t in TOPICS if owners[t] != owners[TOPICS[0]]]
+            for name, topics in (("local", home), ("cross", [TOPICS[0], *away])):
+                start = time.time() + 0.5
+                # the first MPUB decides the connection's shard: always TOPICS[0]'s owner
+                pubs = [ctx.Process(target=publisher, args=(addr, topics, args.size, args.batch,
+                                                             args.runfor / 2, start, q))
+                        for _ in range(args.workers)]
+                figures[f"{tag}_{name}"] = _phase(name, pubs, q, meter, args.size)
+            local = figures[f"{tag}_local"]["cpu_us_per_msg"]
+            cross = figures[f"{tag}_cross"]["cpu_us_per_msg"]
+            n = len(away) + 1
+            figures[f"{tag}_cross"]["cross_us_per_msg"] = (cross - local) * n / len(away)
     return figures
 
 

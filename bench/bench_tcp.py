@@ -32,7 +32,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figures, add_load_args, remove_segments, report, start_node  # noqa: E402
+from bench.common import Figures, add_load_args, report, running_node  # noqa: E402
 from pynsqd.wire.commands import encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub  # noqa: E402
 
 _HDR = struct.Struct(">ii")
@@ -53,6 +53,15 @@ def _read_response(sock: socket.socket) -> bytes:
     if frame_type == 1:
         raise RuntimeError(data.decode())
     return data
+
+
+def create_channels(addr: tuple[str, int], topics: list[str], channel: str = "ch") -> None:
+    """Make ``topic``/``channel`` exist before publishing (a SUB, then close), as bench.sh does."""
+    for topic in topics:
+        sock = _connect(addr)
+        sock.sendall(encode_sub(topic, channel))
+        _read_response(sock)
+        sock.close()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -246,44 +255,36 @@ def run_phase(name: str, procs: list[mp.Process], q: mp.Queue, meter: Meter,  # 
 def one_run(args: argparse.Namespace) -> Figures:
     ctx = mp.get_context("spawn")
     figures: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as data:
-        flags = [f"--mem-queue-bytes={args.mem_queue_bytes}"] if args.mem_queue_bytes else []
-        proc, tcp_port, _ = start_node(data, f"--mem-queue-size={args.mem_queue_size}", "--log-level=info", *flags)
+    flags = [f"--mem-queue-bytes={args.mem_queue_bytes}"] if args.mem_queue_bytes else []
+    with tempfile.TemporaryDirectory() as data, running_node(
+            data, f"--mem-queue-size={args.mem_queue_size}", "--log-level=info", *flags) as node:
+        proc, tcp_port, _ = node
         addr = ("127.0.0.1", tcp_port)
         meter = Meter(proc.pid)
-        try:
-            time.sleep(0.5)
-            figures["idle"] = {"rss_mb": meter.rss() / 2**20}
-            # the channel exists before publishing: one topic, one channel, as bench.sh means it
-            sock = _connect(addr)
-            sock.sendall(encode_sub("bench", "ch"))
-            _read_response(sock)
-            sock.close()
-            q = ctx.Queue()
-            start = time.time() + 0.5
-            pubs = [ctx.Process(target=publisher, args=(addr, "bench", args.size, args.batch, args.runfor,
-                                                         start, q)) for _ in range(args.workers)]
-            figures["pub"] = run_phase("pub", pubs, q, meter, args.size)
-            start = time.time() + 0.5
-            pubs = [ctx.Process(target=publisher, args=(addr, "bench", args.size, 1, args.runfor, start, q))
-                    for _ in range(2)]
-            figures["pub1"] = run_phase("pub1", pubs, q, meter, args.size)
-            total = int(figures["pub"]["msgs"] + figures["pub1"]["msgs"])
-            start = time.time() + 0.5
-            subs = [ctx.Process(target=consumer, args=(addr, "bench", "ch", 2500, args.runfor,
-                                                        total // args.workers + 1, start, q))
-                    for _ in range(args.workers)]
-            figures["sub"] = run_phase("sub", subs, q, meter, args.size)
-            start = time.time() + 0.5
-            procs = [ctx.Process(target=rate_publisher, args=(addr, "lat", args.size, args.rate, 5, start, q)),
-                     ctx.Process(target=consumer, args=(addr, "lat", "ch", 2500, 6, 1 << 60, start, q))]
-            lat = run_phase("latency", procs, q, meter, args.size)
-            figures["latency"] = {k: v for k, v in lat.items() if k.startswith("p")}
-            figures["peak"] = {"rss_mb": meter.peak_rss / 2**20}
-        finally:
-            proc.terminate()
-            proc.wait(30)
-            remove_segments(data)
+        time.sleep(0.5)
+        figures["idle"] = {"rss_mb": meter.rss() / 2**20}
+        create_channels(addr, ["bench"])  # one topic, one channel, as bench.sh means it
+        q = ctx.Queue()
+        start = time.time() + 0.5
+        pubs = [ctx.Process(target=publisher, args=(addr, "bench", args.size, args.batch, args.runfor,
+                                                     start, q)) for _ in range(args.workers)]
+        figures["pub"] = run_phase("pub", pubs, q, meter, args.size)
+        start = time.time() + 0.5
+        pubs = [ctx.Process(target=publisher, args=(addr, "bench", args.size, 1, args.runfor, start, q))
+                for _ in range(2)]
+        figures["pub1"] = run_phase("pub1", pubs, q, meter, args.size)
+        total = int(figures["pub"]["msgs"] + figures["pub1"]["msgs"])
+        start = time.time() + 0.5
+        subs = [ctx.Process(target=consumer, args=(addr, "bench", "ch", 2500, args.runfor,
+                                                    total // args.workers + 1, start, q))
+                for _ in range(args.workers)]
+        figures["sub"] = run_phase("sub", subs, q, meter, args.size)
+        start = time.time() + 0.5
+        procs = [ctx.Process(target=rate_publisher, args=(addr, "lat", args.size, args.rate, 5, start, q)),
+                 ctx.Process(target=consumer, args=(addr, "lat", "ch", 2500, 6, 1 << 60, start, q))]
+        lat = run_phase("latency", procs, q, meter, args.size)
+        figures["latency"] = {k: v for k, v in lat.items() if k.startswith("p")}
+        figures["peak"] = {"rss_mb": meter.peak_rss / 2**20}
     return figures
 
 

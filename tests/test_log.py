@@ -10,7 +10,7 @@ import pytest
 
 from pynsqd.shard.queue import DropBackend, MessageQueue
 from pynsqd.shm.diskqueue import DiskQueue, DiskQueueError
-from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, MessageLog
+from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, READY_HEADER, MessageLog
 from pynsqd.shm.ring import buffer_size
 from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, HEADER
 
@@ -202,3 +202,21 @@ def test_deliver_ready_across_the_wrap() -> None:
     assert ids == [b"%016d" % i for i in (5, 6, 7, 8)]
     assert delivered[0] > delivered[1]  # the second run starts at the front of the area
     assert [body for _, body in _frames(bytes(out))] == [_with_attempts(msg(i, size=100), 1) for i in (5, 6, 7, 8)]
+
+
+def test_appending_one_message_at_a_time_stores_what_a_batch_stores() -> None:
+    """``append_ready`` of one message takes the ring's single-record path: the same bytes and
+    indices as the batch path, and the same "does not fit" answer (0, nothing written)."""
+    one_buf, batch_buf = bytearray(buffer_size(64 << 10)), bytearray(buffer_size(64 << 10))
+    one, batch = MessageLog(one_buf, init=True), MessageLog(batch_buf, init=True)
+    messages = [msg(i, size=100 + i * 37) for i in range(200)]
+    stored = 0
+    for m in messages:
+        n = one.append_ready([m])
+        assert n == batch.put_many([m], READY_HEADER)
+        if not n:
+            break
+        stored += 1
+    assert 0 < stored < len(messages)  # it filled up, and both refused the same message
+    assert one_buf == batch_buf
+    assert one.walk(0, stored)[1] == batch.walk(0, stored)[1]

@@ -208,6 +208,24 @@ def test_ids_unique_and_increasing_across_many_batches() -> None:
     assert {fields(i)[1] for i in seen} == {1023}
 
 
+@pytest.mark.parametrize("shards", [1, 4])
+def test_next_id_gives_the_same_ids_as_next_ids_of_one(shards: int) -> None:
+    """``next_id`` has its own path (a single PUB's): the same ids, tick borrowing included."""
+    one, many = FakeClock(), FakeClock()
+    single = IdFactory(7, shards - 1, shards, clock=one)
+    batch = IdFactory(7, shards - 1, shards, clock=many)
+    got: list[bytes] = []
+    want: list[bytes] = []
+    for step in range(5000):  # more than a tick holds: borrows the next tick
+        got.append(single.next_id())
+        want.append(batch.next_ids(1)[0])
+        if step in (100, 4900):
+            one.tick()
+            many.tick()
+    assert got == want
+    assert len(set(got)) == len(got)
+
+
 def test_ids_keep_increasing_when_the_clock_goes_back() -> None:
     clock = FakeClock()
     factory = IdFactory(1, clock=clock)

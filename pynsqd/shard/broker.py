@@ -248,13 +248,20 @@ class Broker:
         when the topic's owner is another shard whose inbound ring is full."""
         if self.exiting:
             raise BrokerError("exiting")
+        prefix = HEADER.pack(time.time_ns(), 0, b"")[:10]
+        if len(bodies) == 1:  # PUB and HTTP /pub: no comprehension for one message
+            records = [prefix + self.ids.next_id() + bodies[0]]
+            size = len(bodies[0])
+        else:
+            ids = self.ids.next_ids(len(bodies))
+            records = [prefix + msg_id + body for msg_id, body in zip(ids, bodies)]
+            size = sum(map(len, bodies))
         router = self._remote(topic_name)
         if router is not None:
-            self._forward(router, topic_name, bodies)
+            self._forward(router, topic_name, bodies, records, size)
             return
-        records = self._encode(bodies)
         try:
-            self.get_topic(topic_name).put_many(records, sum(map(len, bodies)))
+            self.get_topic(topic_name).put_many(records, size)
         except OSError as exc:
             self.health = f"NOK - {exc}"
             raise BrokerError(str(exc)) from exc
@@ -263,23 +270,21 @@ class Broker:
             raise BrokerError(str(exc)) from exc
         self.health = "OK"
 
-    def _encode(self, bodies: list[bytes]) -> list[bytes]:
-        prefix = HEADER.pack(time.time_ns(), 0, b"")[:10]
-        ids = self.ids.next_ids(len(bodies))
-        return [prefix + msg_id + body for msg_id, body in zip(ids, bodies)]
-
-    def _forward(self, router: Router, topic_name: str, bodies: list[bytes]) -> None:
-        """Publish into the owner's inbound ring. A batch too large for one ring record may
-        be stored in part before the ring fills (``Backpressure.stored``); the caller's retry
-        passes the same ``bodies`` list, and resumes after what is stored: never twice."""
+    def _forward(self, router: Router, topic_name: str, bodies: list[bytes], records: list[bytes],
+                 size: int) -> None:
+        """Publish ``records`` (of ``bodies``) into the owner's inbound ring. A batch too
+        large for one ring record may be stored in part before the ring fills
+        (``Backpressure.stored``); the caller's retry passes the same ``bodies`` list, and
+        resumes after what is stored: never twice."""
         start = 0
         if self._partial:
             held = self._partial.pop(id(bodies), None)
             if held is not None and held[0] is bodies:
                 start = held[1]
-        rest = bodies[start:] if start else bodies
+                records = records[start:]
+                size = sum(map(len, bodies[start:]))
         try:
-            router.forward(topic_name, self._encode(rest), sum(map(len, rest)), 0)
+            router.forward(topic_name, records, size, 0)
         except Backpressure as exc:
             if start or exc.stored:
                 self._partial[id(bodies)] = (bodies, start + exc.stored)

@@ -88,7 +88,10 @@ class MessageLog(ByteRing):
     # -- appending -----------------------------------------------------------------------
 
     def append_ready(self, messages: Sequence[bytes]) -> int:
-        """Append as many ready messages as fit; return how many."""
+        """Append as many ready messages as fit; return how many. (One message, as an HTTP
+        ``/pub`` or a TCP ``PUB`` brings, takes ``put``'s single-record path.)"""
+        if len(messages) == 1:
+            return 1 if self.put(READY_HEADER + messages[0]) else 0
         return self.put_many(messages, READY_HEADER)
 
     def append(self, message: bytes, state: int, due: int = 0) -> int | None:
