@@ -1,7 +1,8 @@
 """Disk write errors (RLIMIT_FSIZE: the kernel refuses to grow a file, EFBIG) on the paths
 that used to lose or repeat messages: a refill from the disk queue whose leftovers could
 not be written back, a deferred message a topic hands to a channel whose journal write
-fails, and an oversize cross-shard batch split into several ring records.
+fails, a publish one channel takes and the next refuses, and an oversize cross-shard batch
+split into several ring records.
 
 The queue-level test runs in a child process (the limit applies to the whole process) and
 ends it with ``os._exit`` after a sync, as a kill -9 would leave it; the others run real
