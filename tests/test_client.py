@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from pynsqd.client import (
     ResponseError,
     SyncProducer,
 )
+from pynsqd.wire.commands import encode_touch
 from tests.conftest import run_async
 from tests.fake_nsqd import FakeNsqd
 from tests.harness import Daemon, scaled
@@ -310,3 +312,26 @@ def test_testing_the_water_moves_to_another_node_when_the_first_is_idle() -> Non
             for f in fakes:
                 await f.close()
     run_async(main())
+
+
+def test_non_fatal_errors_are_counted_and_logged_once_per_burst(nsqd: Daemon,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """500 TOUCHes of messages no longer in flight (what message timeouts cause): every
+    E_TOUCH_FAILED is counted, the log gets the first one and one summary, not 500 lines."""
+    async def main() -> None:
+        c = Consumer("touchy", "ch", lambda m: None, nsqd_tcp_addresses=[tcp(nsqd)])
+        await c.start()
+        await until(lambda: c.conns)
+        conn = next(iter(c.conns.values()))
+        for i in range(500):
+            conn.send(encode_touch(b"%016d" % i))
+        await until(lambda: c.stats["errors"] == 500, what="500 errors counted")
+        assert conn.errors is not None and conn.errors.counts == {"E_TOUCH_FAILED": 500}
+        await c.stop()
+
+    with caplog.at_level(logging.WARNING, logger="pynsqd.client"):
+        run_async(main())
+    lines = [r.getMessage() for r in caplog.records if "E_TOUCH_FAILED" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert lines[0].endswith("E_TOUCH_FAILED TOUCH 0000000000000000 failed ID not in flight")
+    assert "499 more E_TOUCH_FAILED" in lines[1] and "500 in all" in lines[1]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ pytest.importorskip("pyarrow", reason="the spark extra is not installed")
 
 from pynsqd.client.batch import FrameSplitter, MessageRun
 from pynsqd.spark.options import SinkOptions, SourceOptions
-from pynsqd.spark.spool import SEGMENT, SpoolError, arrow_batches, read_spool, write_spool
+from pynsqd.spark.spool import SEGMENT, SpoolError, arrow_batches, read_spool, runner_dir, write_spool
 from pynsqd.wire.frames import FRAME_MESSAGE, HEARTBEAT_FRAME, encode_frame
 from pynsqd.wire.message import encode_message
 
@@ -92,3 +95,38 @@ def test_options_are_checked_with_their_names() -> None:
         SourceOptions.parse({**base, "topic": "bad topic"})
     with pytest.raises(ValueError, match="exactly one nsqd"):
         SinkOptions.parse({"topic": "t"})
+
+
+_RUNNER = r"""
+import sys
+from pynsqd.spark.spool import runner_dir
+print(runner_dir(sys.argv[1], "t.c"), flush=True)
+sys.stdin.read()  # alive until the test closes stdin or kills it
+"""
+
+
+def test_a_runner_removes_the_spool_dirs_of_dead_runners_only(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    spool = str(tmp_path / "spool")
+    procs = [subprocess.Popen([sys.executable, "-c", _RUNNER, spool], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    try:
+        dead, alive = (Path(p.stdout.readline().strip()) for p in procs if p.stdout is not None)
+        (dead / "000000000001-000.spool").write_bytes(b"left by a killed runner")
+        procs[0].kill()
+        procs[0].wait()
+        foreign = tmp_path / "spool" / "made-by-hand"  # no lock file: not ours to judge
+        foreign.mkdir()
+        mine = Path(runner_dir(spool, "t.c"))
+        assert not dead.exists()
+        assert alive.is_dir() and foreign.is_dir() and mine.is_dir()
+        assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == sorted(
+            [alive.name, foreign.name, mine.name])  # no dot-named directory left over
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            for stream in (p.stdin, p.stdout):
+                if stream is not None:
+                    stream.close()

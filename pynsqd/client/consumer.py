@@ -41,6 +41,7 @@ from pynsqd.client.backoff import Action, Backoff, State
 from pynsqd.client.config import Features, Identity, TLSOptions
 from pynsqd.client.connection import DEFAULT_MAX_RDY_COUNT, NSQProtocol, RawMessage
 from pynsqd.client.discovery import lookup, poll_delay
+from pynsqd.client.errorlog import ErrorSummary
 from pynsqd.client.errors import ClientClosedError, NSQError, ResponseError
 from pynsqd.client.handshake import open_connection
 from pynsqd.client.message import Message
@@ -56,13 +57,14 @@ Handler = Callable[[Message], "bool | Awaitable[bool | None] | None"]
 class _Conn:
     """One subscribed connection to one nsqd."""
 
-    __slots__ = ("address", "discovered", "proto", "settings")
+    __slots__ = ("address", "discovered", "errors", "proto", "settings")
 
     def __init__(self, address: str, proto: NSQProtocol, settings: dict[str, Any], discovered: bool) -> None:
         self.address = address
         self.proto = proto
         self.settings = settings
         self.discovered = discovered
+        self.errors: ErrorSummary | None = None  # nsqd's non-fatal errors, counted and summarised
 
     def send(self, data: bytes) -> None:
         self.proto.send(data)
@@ -110,7 +112,8 @@ class Consumer:
         self.rdy = RdyBook(max_in_flight, low_rdy_idle_timeout)
         self.backoff = Backoff(backoff_multiplier, max_backoff_duration)
         self.conns: dict[str, _Conn] = {}
-        self.stats = {"received": 0, "finished": 0, "requeued": 0, "discarded": 0, "connects": 0}
+        self.stats = {"received": 0, "finished": 0, "requeued": 0, "discarded": 0, "connects": 0,
+                      "errors": 0}  # errors: nsqd's E_FIN_FAILED/E_REQ_FAILED/E_TOUCH_FAILED answers
         self._tasks: set[asyncio.Task[Any]] = set()
         self._handler_tasks: set[asyncio.Task[Any]] = set()
         self._pending: set[str] = set()  # discovered addresses being connected
@@ -179,6 +182,9 @@ class Consumer:
         for conn in list(self.conns.values()):
             conn.proto.close()
         await asyncio.gather(*(c.proto.closed.wait() for c in list(self.conns.values())))
+        for conn in list(self.conns.values()):
+            if conn.errors is not None:
+                conn.errors.close()
         if getattr(self, "_http", None) is not None:
             await self._http.aclose()
         self._closed.set()
@@ -206,7 +212,7 @@ class Consumer:
             raise ClientClosedError("consumer is stopping")
         conn = _Conn(address, proto, settings, discovered)
         self._attach(conn)
-        proto.on_error = lambda err: log.warning("%s: %s", address, err)
+        proto.on_error = conn.errors = ErrorSummary(address, on_count=self._count_error)
         self.conns[address] = conn
         self.stats["connects"] += 1
         max_rdy = int(settings.get("max_rdy_count", DEFAULT_MAX_RDY_COUNT))
@@ -218,7 +224,12 @@ class Consumer:
             self._apply(self.rdy.rebalance(self._loop.time(), self.rng))
         return conn
 
+    def _count_error(self, error: ResponseError) -> None:
+        self.stats["errors"] += 1
+
     def _lost(self, conn: _Conn) -> None:
+        if conn.errors is not None:
+            conn.errors.close()
         if self.conns.get(conn.address) is conn:
             del self.conns[conn.address]
             self.rdy.remove(conn.address)

@@ -49,7 +49,16 @@ class BrokerError(Exception):
 
 
 class Backpressure(Exception):
-    """The owner shard's inbound ring is full: nothing was stored, try again shortly."""
+    """The owner shard's inbound ring is full: try again shortly. Nothing was stored, except
+    for a batch larger than one ring record, stored in pieces: ``stored`` says how many of
+    its messages (the first ones) went in before the ring filled up."""
+
+    def __init__(self, text: str, stored: int = 0) -> None:
+        super().__init__(text)
+        self.stored = stored
+
+
+PARTIAL_KEPT = 256  # publishes stored in part (a split cross-shard batch) remembered for their retry
 
 
 class Router(Protocol):
@@ -84,6 +93,9 @@ class Broker:
         self._backend_factory = backend_factory or (lambda name, ephemeral: DropBackend())
         self._queue_factory = queue_factory or self._process_queue
         self._dirty: dict[Any, None] = {}
+        # id(bodies) -> (bodies, how many of them are stored): a cross-shard batch stored in
+        # part; its retry passes the same list and resumes after them (``_forward``)
+        self._partial: dict[int, tuple[list[bytes], int]] = {}
         self._pump_handle: asyncio.Handle | None = None
         self._scan_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -108,13 +120,18 @@ class Broker:
         now = time.monotonic_ns()
         for obj in dirty:
             if not obj.deleted:
-                obj.pump(now)
+                try:
+                    obj.pump(now)
+                except Exception:  # a bug: the other pumps of this turn still run
+                    log.exception("%r: pump failed", obj)
 
     def _scan(self) -> None:
         assert self._loop is not None
         now = time.monotonic_ns()
         for topic in list(self.topics.values()):
             _maybe_sync(topic.queue.backend, now)
+            if topic.retry_due(now):
+                self.schedule(topic)
             for channel in list(topic.channels.values()):
                 if channel.has_timers:
                     channel.process_timers(now)
@@ -241,7 +258,7 @@ class Broker:
             size = sum(map(len, bodies))
         router = self._remote(topic_name)
         if router is not None:
-            router.forward(topic_name, records, size, 0)
+            self._forward(router, topic_name, bodies, records, size)
             return
         try:
             self.get_topic(topic_name).put_many(records, size)
@@ -252,6 +269,28 @@ class Broker:
             self.health = f"NOK - {exc}"
             raise BrokerError(str(exc)) from exc
         self.health = "OK"
+
+    def _forward(self, router: Router, topic_name: str, bodies: list[bytes], records: list[bytes],
+                 size: int) -> None:
+        """Publish ``records`` (of ``bodies``) into the owner's inbound ring. A batch too
+        large for one ring record may be stored in part before the ring fills
+        (``Backpressure.stored``); the caller's retry passes the same ``bodies`` list, and
+        resumes after what is stored: never twice."""
+        start = 0
+        if self._partial:
+            held = self._partial.pop(id(bodies), None)
+            if held is not None and held[0] is bodies:
+                start = held[1]
+                records = records[start:]
+                size = sum(map(len, bodies[start:]))
+        try:
+            router.forward(topic_name, records, size, 0)
+        except Backpressure as exc:
+            if start or exc.stored:
+                self._partial[id(bodies)] = (bodies, start + exc.stored)
+                if len(self._partial) > PARTIAL_KEPT:  # a client that never retried
+                    del self._partial[next(iter(self._partial))]
+            raise
 
     def publish_deferred(self, topic_name: str, body: bytes, delay_ms: int) -> None:
         """DPUB: deliver ``body`` after ``delay_ms``. Raises ``BrokerError``."""

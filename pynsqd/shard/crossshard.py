@@ -9,7 +9,11 @@ record into the owner's inbound ``ByteRing`` for this producer (``shm/ring.py``;
 live in POSIX shared memory, ``shm/segment.py``, created by the supervisor). The client gets
 ``OK`` once ``put`` returned True: the batch is in shared memory, which outlives both
 processes. A full ring raises ``Backpressure``: nothing stored, the connection stops reading
-and retries (``protocol.py``), an HTTP request waits — never loss.
+and retries (``protocol.py``), an HTTP request waits — never loss. A batch larger than one
+ring record (``max_record_size``: only with a ring shrunk by RLIMIT_FSIZE, or an MPUB of
+very many small messages) is split into pieces, written with one ``put_many`` (all that fit
+are published at once); when not all fit, ``Backpressure.stored`` says how many messages
+went in and the broker's retry (same ``bodies`` list) resumes after them — never twice.
 
 Each ring has one producer process and one consumer process (SPSC, the ring's contract). The
 owner is woken through its eventfd, written once per loop turn by each producer with pending
@@ -43,6 +47,7 @@ import time
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shm.ring import ByteRing, RingError
 from pynsqd.shm.segment import Segment, segment_name
+from pynsqd.wire.message import HEADER
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -134,6 +139,19 @@ def decode_batch(data: bytes) -> tuple[str, list[bytes], int, int]:
     return topic, records, body_bytes, due
 
 
+def _pieces(owner: int, topic: str, records: list[bytes], due_ns: int, max_size: int) -> list[tuple[int, bytes]]:
+    """``records`` as ring records of at most ``max_size`` bytes, [(messages, record)], halving
+    until each piece fits. ``BrokerError`` when one message alone does not."""
+    data = encode_batch(topic, records, sum(map(len, records)) - HEADER.size * len(records), due_ns)
+    if len(data) <= max_size:
+        return [(len(records), data)]
+    if len(records) <= 1:
+        raise BrokerError(f"message too large for the inbound ring of shard {owner}")
+    half = len(records) // 2
+    return (_pieces(owner, topic, records[:half], due_ns, max_size)
+            + _pieces(owner, topic, records[half:], due_ns, max_size))
+
+
 class Outbound:
     """This shard's rings into every other shard, and their wake-ups."""
 
@@ -153,25 +171,31 @@ class Outbound:
 
     def put(self, owner: int, topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> None:
         """Store a batch in ``owner``'s ring (a deferred one due ``delay_ns`` from now).
-        Raises ``Backpressure`` when it does not fit now, ``BrokerError`` when one message
-        could never fit (a ring shrunk by RLIMIT_FSIZE)."""
-        self._put(owner, topic, records, body_bytes, time.monotonic_ns() + delay_ns if delay_ns else 0)
-
-    def _put(self, owner: int, topic: str, records: list[bytes], body_bytes: int, due_ns: int) -> None:
+        Raises ``Backpressure`` when it does not fit now (with ``stored``: how many of the
+        first records went in, for a batch larger than one ring record), ``BrokerError``
+        when one message could never fit (a ring shrunk by RLIMIT_FSIZE)."""
+        due_ns = time.monotonic_ns() + delay_ns if delay_ns else 0
         ring = self.rings[owner]
         data = encode_batch(topic, records, body_bytes, due_ns)
         if len(data) > ring.max_record_size:
-            if len(records) <= 1:
-                raise BrokerError(f"message too large for the inbound ring of shard {owner}")
-            half = len(records) // 2  # only for batches larger than a ring could ever hold
-            self._put(owner, topic, records[:half], 0, due_ns)
-            self._put(owner, topic, records[half:], body_bytes, due_ns)
+            self._put_pieces(owner, ring, topic, records, due_ns)
             return
         if not ring.put(data):
             self._wake(owner)
             raise Backpressure(f"inbound ring of shard {owner} is full")
         self.sent += len(records)
         self._wake(owner)
+
+    def _put_pieces(self, owner: int, ring: ByteRing, topic: str, records: list[bytes], due_ns: int) -> None:
+        """A batch larger than a ring record: as many pieces (whole records, in order) as
+        fit, published at once; ``Backpressure.stored`` counts the messages stored."""
+        pieces = _pieces(owner, topic, records, due_ns, ring.max_record_size)
+        written = ring.put_many([data for _, data in pieces])
+        stored = sum(count for count, _ in pieces[:written])
+        self.sent += stored
+        self._wake(owner)
+        if written < len(pieces):
+            raise Backpressure(f"inbound ring of shard {owner} is full", stored)
 
     def _wake(self, owner: int) -> None:
         self._to_wake.add(owner)

@@ -24,7 +24,9 @@ that finds no room in the log while the process runs is appended to the queue's 
 (``pynsqd.shm.sidecar``) before it is acknowledged; the owner holds it in memory and the
 journal goes once all of its messages are stored elsewhere. ``recover`` loads the sidecar
 and the journal back as deferred records (after the segment's own, if one was left).
-Spilled messages are read back with the backend's peek, stored in the log, then committed.
+Spilled messages are read back with the backend's peek, stored in the log, then committed;
+when fewer fit than were read, only those are committed and the rest stay on disk, at the
+front, to be read again (nothing is written back, so a failing disk cannot lose them).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Backend(Protocol):
     def depth(self) -> int: ...
     def put_many(self, records: Sequence[bytes]) -> None: ...
     def peek_many(self, max_count: int) -> list[bytes]: ...
-    def commit(self) -> None: ...
+    def commit(self, count: int | None = None) -> None: ...
     def empty(self) -> None: ...
     def delete(self) -> None: ...
     def close(self) -> None: ...
@@ -69,7 +71,7 @@ class DropBackend:
     def peek_many(self, max_count: int) -> list[bytes]:
         return []
 
-    def commit(self) -> None:
+    def commit(self, count: int | None = None) -> None:
         pass
 
     def empty(self) -> None:
@@ -295,20 +297,15 @@ class MessageQueue:
             self.ready += n
             self.live += n
             moved += n
-            if n < len(records):
-                # still no room: back to the backend (at its end; order is not strict)
-                try:
-                    self.backend.put_many(records[n:])
-                except Exception:
-                    logger.exception("%d messages read back from %r could not be stored", len(records) - n,
-                                     self.backend)
-            self._commit()  # only now: a crash before it reads them again (duplicates)
-            if n < len(records):
+            if n < len(records):  # still no room: the rest stays on disk, read again later
+                self._commit(n)
                 break
+            self._commit()  # only now: a crash before it reads them again (duplicates)
 
-    def _commit(self) -> None:
+    def _commit(self, count: int | None = None) -> None:
+        """Consume what was peeked from the backend (only the first ``count``, if given)."""
         try:
-            self.backend.commit()
+            self.backend.commit(count)
         except Exception:  # kept unconsumed: read again later (duplicates, never loss)
             logger.exception("failed to commit a read of %r", self.backend)
 

@@ -8,10 +8,21 @@ waiting messages have moved to the channels, ``DRAIN_CHUNK`` at a time so a larg
 never blocks the event loop.
 
 Channels share the published ``bytes`` objects: fan-out to N channels copies nothing.
+
+A channel may fail to take a message (its disk queue or its deferred journal refuses the
+write). Then nothing is lost and nothing is handed on twice: a message stays in the topic's
+queue (a ready one is made ready again in place, a deferred one stays waiting) until every
+channel holds it; ``handed`` remembers, per message id, which channels already took it, so
+a retry skips them. The pump logs the failure once, stops, and the owner's scan calls it
+again ``RETRY_NS`` later (``retry_due``) until the disk takes writes again. A publish that
+goes straight to the channels and fails at one of them is queued at the topic the same way
+(the channels before it keep their copy), so the publish still succeeds when the topic's
+own queue can store it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,9 +30,14 @@ from typing import Any
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.queue import MessageQueue
 from pynsqd.shm.log import DEFERRED
+from pynsqd.wire.message import ID_OFFSET
 from pynsqd.wire.names import is_ephemeral
 
+log = logging.getLogger("pynsqd.shard")
+
 DRAIN_CHUNK = 2048
+RETRY_NS = 1_000_000_000  # a hand-on that failed (a channel's disk) is tried again after this
+Put = Callable[[Channel, list[bytes]], None]
 
 
 class Topic:
@@ -38,6 +54,10 @@ class Topic:
         self.deleted = False
         self.message_count = 0
         self.message_bytes = 0
+        # after a failed hand-on: message id -> names of the channels that already hold it
+        self.handed: dict[bytes, set[str]] = {}
+        self.retry_at = 0  # monotonic ns of the next try after a failed hand-on (0: none)
+        self._failures = 0
         self._schedule = schedule
 
     def __repr__(self) -> str:
@@ -59,15 +79,31 @@ class Topic:
 
     def put_many(self, records: list[bytes], body_bytes: int) -> None:
         """Publish. Raises the backend's error if the messages cannot be stored."""
-        if self.flowing and not len(self.queue):
-            for channel in self.channels.values():
-                channel.put_many(records)
+        if self.flowing and not len(self.queue) and not self.retry_at:  # nothing handed: no retry pending
+            took = 0
+            try:
+                for channel in self.channels.values():
+                    channel.put_many(records)
+                    took += 1
+            except Exception as exc:
+                if not took:
+                    raise  # no channel took them: the publish fails as a whole
+                self._keep_refused(records, took, exc)
         else:
             self.queue.put_many(records)
             if self.flowing:
                 self._schedule(self)
         self.message_count += len(records)
         self.message_bytes += body_bytes
+
+    def _keep_refused(self, records: list[bytes], took: int, exc: Exception) -> None:
+        """The first ``took`` channels took ``records``, the next one refused them: queue
+        them here for the pump to hand to the others (raises if the topic cannot either)."""
+        names = set(list(self.channels)[:took])
+        self.queue.put_many(records)
+        for record in records:
+            self.handed[record[ID_OFFSET:ID_OFFSET + 16]] = set(names)
+        self._failed(time.monotonic_ns(), exc)
 
     def put_deferred(self, record: bytes, delay: int, now: int, body_bytes: int) -> None:
         if self.flowing:
@@ -81,28 +117,84 @@ class Topic:
 
     def pump(self, now: int) -> None:
         """Move waiting messages to the channels, one chunk per call."""
-        if not self.flowing:
+        if not self.flowing or (self.retry_at and now < self.retry_at):
             return
         queue = self.queue
-        if self.waiting_deferred:
-            held = 0
-            for record, due, pos in self.waiting_deferred:
-                for channel in self.channels.values():
-                    channel.put_deferred(record, due)
+        records: list[bytes] = []
+        try:
+            if self.waiting_deferred:
+                self._pump_deferred()
+            positions, records = queue.take(DRAIN_CHUNK)
+            if records:
+                try:
+                    self._hand_on(records, Channel.put_many)
+                except Exception:
+                    for pos in positions:  # ready again, in place: taken again next time
+                        queue.requeue(pos)
+                    raise
+                for pos in positions:
+                    queue.finish(pos)
+        except Exception as exc:
+            self._failed(now, exc)
+            return
+        if self.retry_at:
+            log.info("TOPIC(%s): channels take messages again (after %d failed tries)", self.name,
+                     self._failures)
+            self.retry_at = self._failures = 0
+        if records and len(queue):
+            self._schedule(self)
+
+    def _pump_deferred(self) -> None:
+        """Hand every waiting deferred message on, in order; on a failure the ones handed
+        on so far are released and the rest keep waiting."""
+        queue = self.queue
+        waiting = self.waiting_deferred
+        done = held = 0
+        try:
+            for record, due, pos in waiting:
+                self._hand_on([record], _deferred_until(due))
                 if pos >= 0:
                     queue.finish(pos)
                 else:
                     held += 1
-            self.waiting_deferred.clear()
+                done += 1
+        finally:
+            del waiting[:done]
             queue.unjournal(held)
-        positions, records = queue.take(DRAIN_CHUNK)
-        if records:
-            for channel in self.channels.values():
-                channel.put_many(records)
-            for pos in positions:
-                queue.finish(pos)
-            if len(queue):
-                self._schedule(self)
+
+    def _hand_on(self, records: list[bytes], put: Put) -> None:
+        """``put`` ``records`` into every channel that does not hold them yet. On a failure
+        the channels that took them are noted in ``handed`` and the error is raised."""
+        handed = self.handed
+        took: list[str] = []
+        for name, channel in self.channels.items():
+            batch = records if not handed else [
+                r for r in records if name not in handed.get(r[ID_OFFSET:ID_OFFSET + 16], ())]
+            try:
+                if batch:
+                    put(channel, batch)
+            except Exception:
+                if took:
+                    for record in records:
+                        handed.setdefault(record[ID_OFFSET:ID_OFFSET + 16], set()).update(took)
+                raise
+            took.append(name)
+        if handed:
+            for record in records:
+                handed.pop(record[ID_OFFSET:ID_OFFSET + 16], None)
+
+    def _failed(self, now: int, exc: object) -> None:
+        """A channel could not take a message: try again ``RETRY_NS`` from ``now``; one log
+        line per run of failures."""
+        if not self._failures:
+            log.error("TOPIC(%s): could not hand messages on to its channels, keeping them and "
+                      "retrying every %.0fs - %s", self.name, RETRY_NS / 1e9, exc)
+        self._failures += 1
+        self.retry_at = now + RETRY_NS
+
+    def retry_due(self, now: int) -> bool:
+        """True when a failed hand-on should be tried again (the owner's scan asks)."""
+        return 0 < self.retry_at <= now
 
     # --- channels -------------------------------------------------------------------------
     def add_channel(self, channel: Channel) -> None:
@@ -126,6 +218,7 @@ class Topic:
         """Drop the messages waiting at the topic (channels keep theirs)."""
         self.queue.empty()
         self.waiting_deferred.clear()
+        self.handed.clear()
 
     def close(self, delete: bool = False) -> None:
         """Shut down; ``delete`` also removes every channel's and the topic's data."""
@@ -143,3 +236,9 @@ class Topic:
     @property
     def depth(self) -> int:
         return len(self.queue) + len(self.waiting_deferred)
+
+
+def _deferred_until(due: int) -> Put:
+    def put(channel: Channel, records: list[bytes]) -> None:
+        channel.put_deferred(records[0], due)
+    return put

@@ -23,7 +23,8 @@ stale metadata; opening repairs what it finds:
   than recorded: the files are scanned to rebuild the depth, writing moves to a fresh file;
 * a stale read position re-delivers records read since the last sync (at least once).
 
-``peek_many`` reads records without consuming them and ``commit`` consumes everything peeked:
+``peek_many`` reads records without consuming them and ``commit`` consumes everything peeked
+(or only the first ``count``: the reader moves back and the rest are read again):
 a sync persists only the committed read position (and counts uncommitted records in the
 depth), and a file read past is deleted only once a committed position has left it. A caller
 that stores what it peeked elsewhere before committing sees duplicates after a crash at any
@@ -235,16 +236,32 @@ class DiskQueue:
             self._sync_due = self._sync_due or due
         return out
 
-    def commit(self) -> None:
-        """Consume every record peeked so far (the caller has stored them elsewhere)."""
+    def commit(self, count: int | None = None) -> None:
+        """Consume every record peeked so far (the caller has stored them elsewhere), or
+        only the first ``count`` of them: the others are read again by the next peek."""
         with self._lock:
             self._check_open()
+            if count is not None and count < self._pending:
+                self._unpeek(count)
             self._committed = (self._read_file, self._read_pos)
             self._count += self._pending
             self._pending = 0
             due, self._sync_due = self._sync_due or self._count >= self._sync_every, False
         if due:
             self._sync_logged()
+
+    def _unpeek(self, keep: int) -> None:
+        """Move the reader back to the committed position and past ``keep`` records again
+        (the first ``keep`` peeked; they parsed a moment ago). Only on a partial commit."""
+        self._reset_reader()
+        self._read_file, self._read_pos = self._committed
+        self._consumed = [num for num in self._consumed if num < self._read_file]
+        self._depth += self._pending
+        self._pending = 0
+        again: list[bytes] = []
+        self._sync_due = self._read_locked(keep, again) or self._sync_due
+        self._depth -= len(again)
+        self._pending = len(again)
 
     def _read_locked(self, max_count: int, out: list[bytes]) -> bool:
         """Fill ``out``; returns whether a sync is due (a file finished or skipped)."""

@@ -37,7 +37,6 @@ the first batch carries data instead of costing an empty cycle. ``trace.py`` rec
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -51,7 +50,7 @@ from pyspark.sql.streaming.datasource import (
 
 from pynsqd.spark import trace
 from pynsqd.spark.options import SourceOptions
-from pynsqd.spark.spool import Segment, arrow_batches, write_spool
+from pynsqd.spark.spool import Segment, arrow_batches, runner_dir, write_spool
 
 # A Trigger.AvailableNow run waits this long for the first messages, and counts the topic as
 # drained after a quiet period this long. Both cover a slow start on a busy host (connect, SUB,
@@ -102,9 +101,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._feed is None:
             from pynsqd.spark.feed import Feed
 
-            self._dir = os.path.join(self.opts.spool_dir,
-                                     f"{self.opts.topic}.{self.opts.channel}.{uuid.uuid4().hex[:12]}")
-            os.makedirs(self._dir, exist_ok=True)
+            self._dir = runner_dir(self.opts.spool_dir, f"{self.opts.topic}.{self.opts.channel}")
             self._feed = Feed(self.opts)
             self._feed.start()
         return self._feed

@@ -26,14 +26,25 @@ and renamed into place, so a reader sees a whole file or none; a file for a sequ
 that is reused after a restart is simply replaced. A bad file (not a spool file, truncated,
 offsets out of order or out of bounds, a frame shorter than a message header) is a
 ``SpoolError``, never a crash of the Arrow kernels: offsets are validated before use.
+
+Each runner spools into a directory of its own (``runner_dir``), which holds a lock file the
+runner keeps ``flock``ed for its whole life; the kernel drops the lock when the process
+dies, kill -9 included. A new runner removes the directories whose lock nobody holds: their
+runner is gone, and a restarted query never reads a dead runner's files (the batch is
+re-planned empty, nsqd redelivers). A directory without a lock file is left alone. The new
+directory is made under a dot-name, locked, then renamed into place, so no scan can find it
+unlocked.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import struct
 import sys
+import uuid
 from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -62,6 +73,39 @@ def _le32(values: list[int]) -> bytes:
     if not _LITTLE:  # pragma: no cover
         out.byteswap()
     return out.tobytes()
+
+
+RUNNER_LOCK = ".runner.lock"
+_runner_locks: dict[str, int] = {}  # this process's spool directories -> their locked fd
+
+
+def runner_dir(spool_dir: str, prefix: str) -> str:
+    """A new spool directory ``<spool_dir>/<prefix>.<random>`` owned by this process (see the
+    module doc); first removes the directories of runners that are gone."""
+    os.makedirs(spool_dir, exist_ok=True)
+    for name in os.listdir(spool_dir):
+        path = os.path.join(spool_dir, name)
+        if name.startswith(".") or path in _runner_locks:
+            continue
+        try:
+            fd = os.open(os.path.join(path, RUNNER_LOCK), os.O_RDONLY)
+        except OSError:  # not a runner's directory (or already removed)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(path, ignore_errors=True)  # nobody held it: its runner is dead
+        except OSError:
+            pass  # its runner is alive
+        finally:
+            os.close(fd)
+    final = os.path.join(spool_dir, f"{prefix}.{uuid.uuid4().hex[:12]}")
+    new = os.path.join(spool_dir, f".{os.path.basename(final)}.new")
+    os.makedirs(new)
+    fd = os.open(os.path.join(new, RUNNER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(new, final)
+    _runner_locks[final] = fd
+    return final
 
 
 def write_spool(path: str, topic: str, channel: str, nsqds: Sequence[str], segments: Sequence[Segment]) -> int:
