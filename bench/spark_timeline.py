@@ -64,10 +64,11 @@ def cycles(events: list[Event], runner: int) -> list[dict[str, float]]:
     mine = [e for e in events if e[1] == runner]
     if not mine:
         return []
-    lo, hi = mine[0][0], mine[-1][0] + 5.0
-    reads: dict[str, list[float]] = defaultdict(list)  # batch seq → read start/end times
+    # batch seq → read start/end times (other queries reuse the numbers: each read is matched
+    # to the cycle it falls in below)
+    reads: dict[str, list[float]] = defaultdict(list)
     for t, _, name, fields in events:
-        if name in ("read.in", "read.out") and lo <= t <= hi:
+        if name in ("read.in", "read.out"):
             reads[fields["path"].split("-")[0].lstrip("0") or "0"].append(t)
     marks: list[tuple[float, str, dict[str, str]]] = [(t, n, f) for t, _, n, f in mine]
     starts = [i for i, (_, name, _) in enumerate(marks) if name == "latest.in"]
@@ -81,8 +82,8 @@ def cycles(events: list[Event], runner: int) -> list[dict[str, float]]:
         seq = out.get("end", "")
         if not took.get("rows") or took["rows"] == "0" or "partitions" not in at:
             continue
-        span = reads.get(seq, [])
         t_next = marks[nxt][0]
+        span = [t for t in reads.get(seq, []) if at["partitions"] <= t <= t_next]
         received = sum(int(f.get("n", 0)) for t, _, n, f in events
                        if n == "recv" and at["latest.in"] <= t < t_next)
         row = {"seq": float(seq), "rows": float(took["rows"]), "received": float(received),
