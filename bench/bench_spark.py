@@ -106,7 +106,8 @@ def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic:
         elapsed = now - t0
         progress = query.lastProgress
         assert first is not None
-        steady = (args.messages - first[1]) / max(now - first[0], 1e-9)
+        # 0: not measurable, the first FIN was seen after half the messages (a /stats poll stalled)
+        steady = (args.messages - first[1]) / max(now - first[0], 1e-9) if first[1] <= args.messages // 2 else 0.0
         return {"rows_s": args.messages / elapsed, "steady_rows_s": steady,
                 "MB_s": args.messages * args.size / elapsed / 1e6, "secs": elapsed,
                 "batches": progress["batchId"] + 1 if progress else 0, "slowest_stats_s": slowest}
