@@ -3,12 +3,17 @@
     .venv/bin/python bench/bench_spark.py [--messages 300000] [--rows 1000000] [--repeat 3] [--only source]
 
 source: N messages are published to a fresh nsqd (``--max-rdy-count`` raised so a batch can
-stay in flight until the next one commits it), then one streaming query reads them with
-``format("nsq")`` into the ``noop`` sink (or Parquet with ``--parquet``); the clock runs from
-``start()`` until nsqd reports every message FINed (so it includes the commit of the last
-batch). sink: ``spark.range(rows)`` as string bodies written with ``format("nsq")``; the clock
-runs until ``save()`` returned (every MPUB confirmed). One local[2] SparkSession for every run;
-its start-up and the first query's Python start-up are excluded (a warm-up run does both).
+stay in flight until the next one commits it; the shared-memory log sized so the backlog
+stays in memory) into a channel that already exists (``--new-channel``: before it exists),
+then one streaming query reads them with ``format("nsq")`` into the ``noop`` sink (or Parquet
+with ``--parquet``). ``rows_s``: the clock runs from ``start()`` until nsqd reports every
+message FINed (so it includes the query's start-up and the commit of the last batch);
+``steady_rows_s``: from the first FIN seen to the last. sink: ``spark.range(rows)`` as string
+bodies written with ``format("nsq")``; the clock runs until ``save()`` returned (every MPUB
+confirmed). One local[2] SparkSession for every run; its start-up, the first query's Python
+start-up and the JVM's first JIT compilation are excluded by an unmeasured warm-up run of
+``--warmup`` messages (default: as many as a measured run). ``PYNSQD_SPARK_TRACE=dir`` on the
+command line traces the source (``bench/spark_timeline.py dir``).
 """
 
 from __future__ import annotations
@@ -29,19 +34,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import Figures, report, start_node
 
 
-def session() -> Any:
+def session(java_options: str) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[2]").appName("bench_spark").config("spark.ui.enabled", "false")
+    builder = SparkSession.builder
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    spark = (builder.master("local[2]").appName("bench_spark").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2").config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
+# One client: httpx.get() builds a client (and its TLS context) per call, ~27 ms of CPU. A long
+# timeout: with a 1.2M-message backlog the node once took over 5 s (httpx's default) to answer.
+_HTTP = httpx.Client(timeout=60.0)
+
+
 def finished(http: int, topic: str, channel: str) -> tuple[int, int, int]:
-    data = httpx.get(f"http://127.0.0.1:{http}/stats", params={"format": "json", "topic": topic}).json()
+    data = _HTTP.get(f"http://127.0.0.1:{http}/stats", params={"format": "json", "topic": topic}).json()
     for t in data["topics"]:
         for c in t["channels"]:
             if c["channel_name"] == channel:
@@ -59,8 +72,12 @@ def publish(tcp: int, topic: str, n: int, size: int) -> None:
             producer.multi_publish(topic, [body] * min(10_000, n - start))
 
 
-def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic: str, tmp: str) -> tuple[float, int]:
-    """Seconds until every message was FINed, and the number of micro-batches it took."""
+def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic: str, tmp: str) -> Figures:
+    """rows/s from ``start()`` until every message was FINed, and in the steady state (from the
+    first FIN seen to the last: query start-up excluded), and the number of micro-batches."""
+    if not args.new_channel:  # a consumer group that exists: the backlog waits in its channel
+        for what, params in (("topic", {"topic": topic}), ("channel", {"topic": topic, "channel": "bench"})):
+            _HTTP.post(f"http://127.0.0.1:{http}/{what}/create", params=params).raise_for_status()
     publish(tcp, topic, args.messages, args.size)
     df = (spark.readStream.format("nsq").option("nsqdTCPAddresses", f"127.0.0.1:{tcp}").option("topic", topic)
           .option("channel", "bench").option("maxBatch", str(args.max_batch))
@@ -71,17 +88,29 @@ def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic:
         writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
     t0 = time.perf_counter()
     query = writer.start()
+    first: tuple[float, int] | None = None
+    slowest = 0.0  # the longest /stats poll: the node's event loop busy for that long
     try:
         while True:
+            asked = time.perf_counter()
             fin, depth, inflight = finished(http, topic, "bench")
+            now = time.perf_counter()
+            slowest = max(slowest, now - asked)
+            if first is None and fin > 0:
+                first = (now, fin)
             if fin >= args.messages and depth == 0 and inflight == 0:
                 break
             if query.exception() is not None:
                 raise SystemExit(f"query failed: {query.exception()}")
             time.sleep(0.05)
-        elapsed = time.perf_counter() - t0
+        elapsed = now - t0
         progress = query.lastProgress
-        return elapsed, (progress["batchId"] + 1 if progress else 0)
+        assert first is not None
+        # 0: not measurable, the first FIN was seen after half the messages (a /stats poll stalled)
+        steady = (args.messages - first[1]) / max(now - first[0], 1e-9) if first[1] <= args.messages // 2 else 0.0
+        return {"rows_s": args.messages / elapsed, "steady_rows_s": steady,
+                "MB_s": args.messages * args.size / elapsed / 1e6, "secs": elapsed,
+                "batches": progress["batchId"] + 1 if progress else 0, "slowest_stats_s": slowest}
     finally:
         query.stop()
 
@@ -109,17 +138,31 @@ def main() -> None:
     parser.add_argument("--only", choices=["source", "sink"], help="measure one side only")
     parser.add_argument("--trigger-ms", type=int, default=0,
                         help="source: a processingTime trigger (default: the next batch as soon as one ends)")
+    parser.add_argument("--java-options", default="",
+                        help="the Spark JVM's extra options, e.g. -XX:TieredStopAtLevel=1 (C1 JIT only)")
+    parser.add_argument("--new-channel", action="store_true",
+                        help="source: publish before the channel exists (the backlog waits in the topic and moves "
+                             "to the channel as the query starts), instead of into an existing channel")
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="messages (and sink rows) of the unmeasured first run (default: --messages): "
+                             "the JVM's JIT compilers take half of its CPU for the first minute")
+    parser.add_argument("--log-bytes", type=int, default=0,
+                        help="the node's --mem-queue-bytes (default: room for the backlog or 4 x maxBatch messages)")
     args = parser.parse_args()
+    args.warmup = args.warmup or args.messages
     tmp = tempfile.mkdtemp(prefix="bench-spark-")
-    # Every message the stream holds in flight (up to 3 x maxBatch) stays in the shard's
-    # shared-memory log until its batch commits: size the log for that, or delivery stalls.
-    log_bytes = max(32 << 20, 4 * args.max_batch * (args.size + 96))
+    # The backlog is meant to wait in memory (--mem-queue-size=1000000), and every message the
+    # stream holds in flight (up to 3 x maxBatch) stays in the shard's log until its batch
+    # commits: size the log for whichever is larger. A backlog past the log spills to the disk
+    # queue, and reading it back (disk reads, an fsync per commit) was a third of the shard's time.
+    held = max(args.messages, args.warmup, 4 * args.max_batch)
+    log_bytes = args.log_bytes or max(32 << 20, held * (args.size + 96))
     node, tcp, http = start_node(f"{tmp}/data", f"--max-rdy-count={4 * args.max_batch}", "--mem-queue-size=1000000",
                                  f"--mem-queue-bytes={log_bytes}")
-    spark = session()
+    spark = session(args.java_options)
     counter = iter(range(1_000_000))
     try:
-        warm = argparse.Namespace(**{**vars(args), "messages": 2000, "rows": 2000})
+        warm = argparse.Namespace(**{**vars(args), "messages": args.warmup, "rows": min(args.rows, args.warmup)})
         if args.only != "sink":
             source_run(spark, warm, tcp, http, "warm", tmp)
         if args.only != "source":
@@ -129,9 +172,7 @@ def main() -> None:
             n = next(counter)
             figures: Figures = {}
             if a.only != "sink":
-                src, batches = source_run(spark, a, tcp, http, f"src{n}", tmp)
-                figures["source"] = {"rows_s": a.messages / src, "MB_s": a.messages * a.size / src / 1e6, "secs": src,
-                                     "batches": batches}
+                figures["source"] = source_run(spark, a, tcp, http, f"src{n}", tmp)
             if a.only != "source":
                 snk = sink_run(spark, a, tcp, f"sink{n}")
                 figures["sink"] = {"rows_s": a.rows / snk, "MB_s": a.rows * a.size / snk / 1e6, "secs": snk}

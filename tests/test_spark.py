@@ -173,6 +173,26 @@ def test_available_now_run_ends_with_every_message_committed_and_touch_keeps_a_s
     assert channel_stats(nsqd, "slow", "spark")["depth"] == 0
 
 
+def test_first_batch_carries_the_messages_already_waiting(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """The runner's first latestOffset waits briefly for data (the consumer is still connecting),
+    so batch 0 is not an empty micro-batch cycle."""
+    nsqd = nsqd_factory()
+    total = 1500
+    publish(nsqd, "early", (b"e%04d" % i for i in range(total)))
+    df = stream(spark, nsqd, "early", "spark", maxBatch=800, maxInFlight=2500)
+    query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start()
+    try:
+        wait_for(lambda: channel_stats(nsqd, "early", "spark").get("finish_count") == total, timeout=60,
+                 what="every message FINed")
+        assert query.exception() is None
+        progress = query.recentProgress
+    finally:
+        query.stop()
+    first = next(p for p in progress if p["batchId"] == 0)
+    assert first["numInputRows"] > 0, f"batch 0 was empty: {first}"
+
+
 def test_sink_publishes_a_million_rows_and_a_consumer_receives_every_one(
         spark: Any, nsqd_factory: Callable[..., Daemon]) -> None:
     nsqd = nsqd_factory()

@@ -29,10 +29,13 @@ from collections import deque
 from collections.abc import Callable
 
 from pynsqd.client import BatchConsumer, Identity, MessageBatch
+from pynsqd.spark import trace
 from pynsqd.spark.loopthread import shared
 from pynsqd.spark.options import SourceOptions
 
 log = logging.getLogger(__name__)
+
+COUNT_POLL = 0.01  # how often ``wait_for_count`` looks at the buffered count
 
 
 class Feed:
@@ -40,6 +43,7 @@ class Feed:
         self.opts = opts
         self._lt = shared()
         self._buffer: deque[MessageBatch] = deque()  # loop thread only, as everything below
+        self.buffered = 0  # messages in ``_buffer`` (read by the runner thread: an int, no lock needed)
         self._arrived = threading.Event()
         self._held: dict[MessageBatch, float] = {}  # every unanswered batch → when last TOUCHed
         self._consumer: BatchConsumer | None = None
@@ -65,6 +69,10 @@ class Feed:
         batch.disable_auto_response()
         self._held[batch] = time.monotonic()
         self._buffer.append(batch)
+        self.buffered += len(batch)
+        if trace.enabled():
+            trace.event("recv", n=len(batch), inflight=self._consumer.in_flight if self._consumer else -1,
+                        buffered=self.buffered)
         if not self._arrived.is_set():  # Event.set takes a lock: once per idle period, not per batch
             self._arrived.set()
 
@@ -91,6 +99,13 @@ class Feed:
         """Block until at least one message is buffered, or ``timeout`` seconds passed."""
         return self._arrived.wait(timeout)
 
+    def wait_for_count(self, n: int, timeout: float) -> int:
+        """Block until ``n`` messages are buffered or ``timeout`` seconds passed; returns how many are."""
+        deadline = time.monotonic() + timeout
+        while self.buffered < n and time.monotonic() < deadline:
+            time.sleep(COUNT_POLL)
+        return self.buffered
+
     def take(self, n: int) -> list[MessageBatch]:
         """Up to ``n`` buffered messages, as batches (the last one maybe a slice)."""
         return self._lt.call(self._take(n))
@@ -110,6 +125,7 @@ class Feed:
             buffer[0] = tail
             out.append(head)
             n = 0
+        self.buffered -= sum(len(b) for b in out)
         if not buffer:
             self._arrived.clear()
         return out
@@ -121,6 +137,7 @@ class Feed:
 
     async def _finish(self, batches: list[MessageBatch]) -> None:
         held = self._held
+        trace.event("fin.in", batches=len(batches))
         for batch in batches:
             held.pop(batch, None)
             if not batch.responded:

@@ -27,6 +27,11 @@ runner FIN the batch's messages and delete its files. So:
 - a batch stays in flight until the next batch is planned, so ``maxInFlight`` must exceed two
   batches (checked in ``options.py``), and the Feed TOUCHes held messages so batches longer
   than the message timeout keep them.
+
+``latestOffset`` never waits for data (what arrived during the last cycle is the next batch),
+except the runner's first call, which waits up to ``FIRST_BATCH_WAIT`` for a batch's worth so
+the first batch carries data instead of costing an empty cycle. ``trace.py`` records each call
+(and each executor ``read``) when ``PYNSQD_SPARK_TRACE`` is set.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from pynsqd.spark import trace
 from pynsqd.spark.options import SourceOptions
 from pynsqd.spark.spool import Segment, arrow_batches, runner_dir, write_spool
 
@@ -53,6 +59,10 @@ from pynsqd.spark.spool import Segment, arrow_batches, runner_dir, write_spool
 # batch-style run.
 AVAILABLE_NOW_WAIT = 5.0
 AVAILABLE_NOW_QUIET = 5.0
+# The runner's first latestOffset comes right after its consumer started connecting, so it would
+# find nothing and Spark would run an empty batch 0 (a whole micro-batch cycle, 300-700 ms here)
+# before the first data. It waits up to this long for a batch's worth of messages instead.
+FIRST_BATCH_WAIT = 0.5
 
 
 class SpoolPartition(InputPartition):
@@ -77,6 +87,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._pending: dict[int, tuple[list[str], list[Any]]] = {}
         self._available_now = False
         self._drained = False
+        self._first = True
 
     def __getstate__(self) -> dict[str, Any]:
         return {"opts": self.opts}
@@ -106,6 +117,12 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._ensure_feed().wait_for_messages(AVAILABLE_NOW_WAIT)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        trace.event("latest.in", start=start["seq"])
+        end = self._latest_offset(start, limit)
+        trace.event("latest.out", end=end["seq"], hb=end["hb"])
+        return end
+
+    def _latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         feed = self._ensure_feed()
         if (start["seq"], start["hb"]) > (self._seq, self._hb):
             # A restart on a checkpoint: continue after the logged offsets.
@@ -115,15 +132,21 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             want = min(want, limit.max_rows)
         elif isinstance(limit, ReadAllAvailable):
             want = self.opts.max_in_flight
+        if self._first and not self._drained:
+            self._first = False
+            feed.wait_for_count(want, FIRST_BATCH_WAIT)
         held = [] if self._drained else feed.take(want)
         if not held and self._available_now and not self._drained:
             feed.wait_for_messages(AVAILABLE_NOW_QUIET)
             held = feed.take(want)
             self._drained = not held
+        if trace.enabled():
+            trace.event("latest.took", rows=sum(len(b) for b in held), batches=len(held))
         if held:
             self._seq += 1
             self._hb = 0
             self._pending[self._seq] = (self._spool(self._seq, held), held)
+            trace.event("spooled", seq=self._seq)
         elif self._pending and start == {"seq": self._seq, "hb": self._hb}:
             self._hb += 1  # heartbeat: an empty batch whose planning commits the last one
         return {"seq": self._seq, "hb": self._hb}
@@ -156,6 +179,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return paths
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        trace.event("partitions", start=start["seq"], end=end["seq"])
         out: list[InputPartition] = []
         for seq in range(start["seq"] + 1, end["seq"] + 1):
             paths, _ = self._pending.get(seq, ([], []))
@@ -163,6 +187,11 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def commit(self, end: dict) -> None:
+        trace.event("commit.in", end=end["seq"])
+        self._commit(end)
+        trace.event("commit.out", end=end["seq"])
+
+    def _commit(self, end: dict) -> None:
         done = sorted(seq for seq in self._pending if seq <= end["seq"])
         if not done:
             return
@@ -184,4 +213,9 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, SpoolPartition)
-        yield from arrow_batches(partition.path)
+        trace.event("read.in", path=os.path.basename(partition.path))
+        rows = 0
+        for batch in arrow_batches(partition.path):
+            rows += batch.num_rows
+            yield batch
+        trace.event("read.out", path=os.path.basename(partition.path), rows=rows)
