@@ -8,9 +8,9 @@ seconds (supervisor and shards) per million messages, and the load generator's o
 microseconds per request (if that is high, the generator is taking cores from the server).
 
 ``--loadgen wrk`` (the default when ``wrk`` is installed: ``apt-get install wrk``) drives the
-same requests from wrk instead (``bench/wrk.py``): a few µs of CPU per request rather than the
-Python generator's 20-25, which on a 2-core machine leaves the server more of the cores. At
-the end the node's ``/stats`` must hold at least as many messages as were answered ``OK``.
+same requests from wrk instead (``bench/wrk.py``), the standard C tool, as a cross-check of the
+Python generator (each costs ~20 µs of CPU per request here: mostly the kernel's). At the end
+the node's ``/stats`` must hold at least as many messages as were answered ``OK``.
 
   .venv/bin/python bench/bench_http.py --runfor 10 --connections 50 --repeat 3
 """
