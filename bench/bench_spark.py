@@ -11,14 +11,17 @@ message FINed (so it includes the query's start-up and the commit of the last ba
 ``steady_rows_s``: from the first FIN seen to the last. sink: ``spark.range(rows)`` as string
 bodies written with ``format("nsq")``; the clock runs until ``save()`` returned (every MPUB
 confirmed). One local[2] SparkSession for every run; its start-up, the first query's Python
-start-up and the JVM's first JIT compilation are excluded by an unmeasured warm-up run of
-``--warmup`` messages (default: as many as a measured run). ``PYNSQD_SPARK_TRACE=dir`` on the
+start-up and the JVM's JIT compilation of Spark's code are excluded by unmeasured warm-up runs
+of ``--warmup`` messages (default: as many as a measured run), repeated until
+``--warmup-secs`` (60) have passed: a streaming pipeline runs for hours, and the compilers
+settle only after a minute or two. ``PYNSQD_SPARK_TRACE=dir`` on the
 command line traces the source (``bench/spark_timeline.py dir``).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import sys
@@ -35,13 +38,16 @@ from bench.common import Figures, report, start_node
 from pynsqd.spark import trace
 
 
-def session(java_options: str) -> Any:
+def session(java_options: str, confs: list[str]) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    for conf in confs:
+        key, _, value = conf.partition("=")
+        builder = builder.config(key, value)
     spark = (builder.master("local[2]").appName("bench_spark").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2").config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
@@ -82,7 +88,8 @@ def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic:
     publish(tcp, topic, args.messages, args.size)
     df = (spark.readStream.format("nsq").option("nsqdTCPAddresses", f"127.0.0.1:{tcp}").option("topic", topic)
           .option("channel", "bench").option("maxBatch", str(args.max_batch))
-          .option("maxInFlight", str(3 * args.max_batch)).option("partitions", str(args.partitions)).load())
+          .option("maxInFlight", str(3 * args.max_batch)).option("partitions", str(args.partitions))
+          .option("minBatch", str(args.min_batch)).load())
     writer = df.writeStream.option("checkpointLocation", f"{tmp}/ckpt-{topic}")
     writer = writer.format("parquet").option("path", f"{tmp}/out-{topic}") if args.parquet else writer.format("noop")
     if args.trigger_ms:
@@ -136,6 +143,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100, help="body bytes")
     parser.add_argument("--max-batch", type=int, default=50_000)
     parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--min-batch", type=int, default=0, help="source option minBatch (0: off)")
     parser.add_argument("--parquet", action="store_true", help="source into Parquet instead of noop")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=["source", "sink"], help="measure one side only")
@@ -143,12 +151,18 @@ def main() -> None:
                         help="source: a processingTime trigger (default: the next batch as soon as one ends)")
     parser.add_argument("--java-options", default="",
                         help="the Spark JVM's extra options, e.g. -XX:TieredStopAtLevel=1 (C1 JIT only)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session (repeatable)")
     parser.add_argument("--new-channel", action="store_true",
                         help="source: publish before the channel exists (the backlog waits in the topic and moves "
                              "to the channel as the query starts), instead of into an existing channel")
     parser.add_argument("--warmup", type=int, default=0,
                         help="messages (and sink rows) of the unmeasured first run (default: --messages): "
                              "the JVM's JIT compilers take half of its CPU for the first minute")
+    parser.add_argument("--warmup-secs", type=float, default=60.0,
+                        help="repeat the warm-up run until this long after the session started: the JVM's "
+                             "C1/C2 compilers were still compiling Spark's code (~0.5 s of compile time per "
+                             "second) two minutes into a session, and each run was faster than the one before")
     parser.add_argument("--log-bytes", type=int, default=0,
                         help="the node's --mem-queue-bytes (default: room for the backlog or 4 x maxBatch messages)")
     args = parser.parse_args()
@@ -164,14 +178,18 @@ def main() -> None:
     log_bytes = args.log_bytes or max(32 << 20, held * (args.size + 96))
     node, tcp, http = start_node(f"{tmp}/data", f"--max-rdy-count={4 * args.max_batch}",
                                  f"--mem-queue-size={max(1_000_000, held)}", f"--mem-queue-bytes={log_bytes}")
-    spark = session(args.java_options)
+    started = time.monotonic()
+    spark = session(args.java_options, args.conf)
     counter = iter(range(1_000_000))
     try:
         warm = argparse.Namespace(**{**vars(args), "messages": args.warmup, "rows": min(args.rows, args.warmup)})
-        if args.only != "sink":
-            source_run(spark, warm, tcp, http, "warm", tmp)
-        if args.only != "source":
-            sink_run(spark, warm, tcp, "warmsink")
+        for n in itertools.count():  # until --warmup-secs have passed, at least once
+            if args.only != "sink":
+                source_run(spark, warm, tcp, http, f"warm{n}", tmp)
+            if args.only != "source":
+                sink_run(spark, warm, tcp, f"warmsink{n}")
+            if time.monotonic() - started >= args.warmup_secs:
+                break
 
         def one(a: argparse.Namespace) -> Figures:
             n = next(counter)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
+from pynsqd.client import SyncProducer
 from tests.harness import Daemon, wait_for
 from tests.spark_helpers import (
     Pipeline,
@@ -191,6 +193,35 @@ def test_first_batch_carries_the_messages_already_waiting(
         query.stop()
     first = next(p for p in progress if p["batchId"] == 0)
     assert first["numInputRows"] > 0, f"batch 0 was empty: {first}"
+
+
+def test_min_batch_makes_fewer_fuller_batches_and_max_batch_delay_sends_the_rest(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """``minBatch``: while messages trickle in, no batch is planned until that many are
+    buffered; the remainder, fewer than ``minBatch``, goes after ``maxBatchDelay``."""
+    nsqd = nsqd_factory()
+    total, low = 3301, 1000  # the first message, then 330 MPUBs of 10
+    publish(nsqd, "trickle", [b"first"])
+    df = stream(spark, nsqd, "trickle", "spark", maxBatch=2000, maxInFlight=10_000, minBatch=low,
+                maxBatchDelay=5000)
+    query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start()
+    try:
+        wait_for(lambda: channel_stats(nsqd, "trickle", "spark").get("finish_count") == 1, timeout=60,
+                 what="the first message FINed")
+        host, port = nsqd.tcp
+        with SyncProducer(f"{host}:{port}") as producer:
+            for sent in range(1, total, 10):  # < 1,000 a second, in tens: each cycle's batch would be small
+                producer.multi_publish("trickle", [b"m%05d" % (sent + i) for i in range(10)])
+                time.sleep(0.01)  # pacing the trickle, not waiting for anything
+        wait_for(lambda: channel_stats(nsqd, "trickle", "spark").get("finish_count") == total, timeout=60,
+                 what="every message FINed, the last ones after maxBatchDelay")
+        assert query.exception() is None
+        rows = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    finally:
+        query.stop()
+    assert sum(rows) == total
+    # the first batch (the lone first message), then full ones, then the remainder
+    assert rows[0] == 1 and all(n >= low for n in rows[1:-1]) and len(rows) <= 2 + total // low, rows
 
 
 def test_sink_publishes_a_million_rows_and_a_consumer_receives_every_one(

@@ -93,6 +93,13 @@ def test_options_are_checked_with_their_names() -> None:
         SourceOptions.parse({**base, "maxBatch": "x"})
     with pytest.raises(ValueError, match="not a valid NSQ topic name"):
         SourceOptions.parse({**base, "topic": "bad topic"})
+    assert opts.min_batch == 0
+    with_min = SourceOptions.parse({**base, "minBatch": "500"})
+    assert with_min.min_batch == 500 and with_min.max_batch_delay_ms == 1000
+    with pytest.raises(ValueError, match="minBatch=900 must not exceed maxBatch=833"):
+        SourceOptions.parse({**base, "minBatch": "900"})
+    with pytest.raises(ValueError, match="maxBatchDelay=-1 must be >= 0"):
+        SourceOptions.parse({**base, "minBatch": "5", "maxBatchDelay": "-1"})
     with pytest.raises(ValueError, match="exactly one nsqd"):
         SinkOptions.parse({"topic": "t"})
 
