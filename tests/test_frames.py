@@ -35,6 +35,9 @@ def messages(sizes: list[int], first: int = 0) -> list[bytes]:
             for i, n in enumerate(sizes)]
 
 
+BATCH = messages(UNIFORM[:100] + MIXED, 10_000)
+
+
 def framed(batch: list[bytes]) -> Frames:
     """``batch`` as the owner gets it from a cross-shard ring record."""
     _, records, _, _ = decode_batch(encode_batch("t", batch, 0, 0))
@@ -133,9 +136,24 @@ def _full_of_done(queue: MessageQueue) -> None:
         queue.finish(pos)  # fewer than RELEASE_EVERY: nothing released
 
 
+def _tight(queue: MessageQueue) -> None:
+    """Leave 96 bytes more than the run's frames free, behind finished records: the run
+    fits, but the per-message path (31 bytes a message to spare) frees room first."""
+    spare = queue.log.capacity - len(frame_ready(BATCH).data) - 96
+    filler = messages([400] * (spare // 456 - 1), 50_000)
+    rest = spare - 456 * len(filler)
+    filler += messages([rest - 8 - 16 - 26], 60_000)
+    queue.put_many(filler)
+    assert queue.log.free_bytes == len(frame_ready(BATCH).data) + 96
+    positions, _ = queue.take(len(filler))
+    for pos in positions:
+        queue.finish(pos)
+
+
 FALLBACKS: dict[str, tuple[dict[str, object], Callable[[MessageQueue], None] | None]] = {
     "wrap": ({"capacity": 1 << 16}, _near_the_end),
     "make_room": ({"capacity": 1 << 16}, _full_of_done),
+    "tight": ({"capacity": 1 << 16}, _tight),
     "spill": ({"limit": 100}, None),  # room for 100 of 112: the rest to the disk queue
     "no_room": ({"limit": 0}, None),
     "ephemeral": ({"limit": 60, "durable": False}, None),
@@ -151,7 +169,7 @@ def test_a_run_outside_the_fast_path_stores_exactly_what_the_messages_would(make
         prepare(plain)
         prepare(fast)
         assert area(fast) == area(plain)
-    batch = messages(UNIFORM[:100] + MIXED)
+    batch = BATCH
     run = framed(batch)
     plain.put_many(batch)
     fast.put_many(run)
