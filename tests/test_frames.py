@@ -117,6 +117,31 @@ def test_a_framed_run_reaches_every_channel_with_the_stats_of_a_local_publish(tm
             broker.delete_topic(name)
 
 
+def test_a_paused_topic_keeps_the_run_in_its_own_log_and_hands_on_the_same_messages(tmp_path: Path) -> None:
+    """Not flowing (paused): the run goes where the message list went — the topic's own
+    queue, byte for byte — and unpaused, the pump hands the same messages to the channel."""
+    opts = NsqdOptions(data_path=str(tmp_path))
+    broker = Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+    try:
+        local, cross = broker.get_topic("local"), broker.get_topic("cross")
+        for topic in (local, cross):
+            broker.get_channel(topic, "c")
+            topic.pause()
+        run = framed(BATCH)
+        local.put_many(BATCH, 5)
+        cross.put_many(run, 5)
+        assert not run.decoded and area(cross.queue) == area(local.queue)
+        assert (cross.depth, cross.message_count, cross.channels["c"].depth) == (len(BATCH), len(BATCH), 0)
+        for topic in (local, cross):
+            topic.unpause()
+            topic.pump(time.monotonic_ns())
+        assert area(cross.channels["c"].queue) == area(local.channels["c"].queue)
+        assert (cross.depth, cross.channels["c"].depth) == (0, len(BATCH))
+    finally:
+        for name in ("local", "cross"):
+            broker.delete_topic(name)
+
+
 def _near_the_end(queue: MessageQueue) -> None:
     """Leave the write index a little before the end of the area: a run has to wrap."""
     filler = messages([400] * 120, 50_000)
@@ -242,6 +267,20 @@ def test_runs_the_uniform_proof_cannot_take_are_walked_and_still_checked() -> No
     with pytest.raises(RingError):  # 25-byte records of a lead-less run are fine, 26 wanted
         check_frames(frame_records([b"y" * 25] * 4).data, 0, 4, b"", 26)
     assert len(check_frames(frame_records([b"y" * 25] * 4).data, 0, 4)) == 4
+
+
+@pytest.mark.parametrize("sizes", [UNIFORM, ALIGNED, MIXED, [7], []],
+                         ids=["uniform", "aligned", "mixed", "one", "none"])
+def test_frame_records_writes_the_ring_frame_format(sizes: list[int]) -> None:
+    """Against the format spelled out by hand: length, complement, lead, record, zero pad."""
+    batch = messages(sizes)
+    for lead, head in ((b"", b""), (READY_HEADER, b"HEAD")):
+        run = frame_records(batch, lead, head)
+        by_hand = b"".join(FRAME.pack(len(lead) + len(m), (len(lead) + len(m)) ^ WRAP) + lead + m
+                           + bytes(-(len(lead) + len(m)) & 7) for m in batch)
+        assert run.data == head + by_hand and (run.start, run.end, len(run)) == (len(head), len(run.data), len(batch))
+        if batch:
+            assert list(check_frames(run.data, len(head), len(batch), lead)) == batch
 
 
 def test_put_frames_keeps_the_ring_invariants() -> None:
