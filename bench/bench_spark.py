@@ -32,6 +32,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Figures, report, start_node
+from pynsqd.spark import trace
 
 
 def session(java_options: str) -> Any:
@@ -86,6 +87,7 @@ def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic:
     writer = writer.format("parquet").option("path", f"{tmp}/out-{topic}") if args.parquet else writer.format("noop")
     if args.trigger_ms:
         writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
+    trace.event("bench.start", topic=topic)
     t0 = time.perf_counter()
     query = writer.start()
     first: tuple[float, int] | None = None
@@ -99,6 +101,7 @@ def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic:
             if first is None and fin > 0:
                 first = (now, fin)
             if fin >= args.messages and depth == 0 and inflight == 0:
+                trace.event("bench.done", topic=topic)
                 break
             if query.exception() is not None:
                 raise SystemExit(f"query failed: {query.exception()}")
@@ -151,14 +154,16 @@ def main() -> None:
     args = parser.parse_args()
     args.warmup = args.warmup or args.messages
     tmp = tempfile.mkdtemp(prefix="bench-spark-")
-    # The backlog is meant to wait in memory (--mem-queue-size=1000000), and every message the
-    # stream holds in flight (up to 3 x maxBatch) stays in the shard's log until its batch
-    # commits: size the log for whichever is larger. A backlog past the log spills to the disk
-    # queue, and reading it back (disk reads, an fsync per commit) was a third of the shard's time.
+    # The backlog is meant to wait in memory, and every message the stream holds in flight (up
+    # to 3 x maxBatch) stays in the shard's log until its batch commits: size the queue (in
+    # messages, --mem-queue-size) and the log (in bytes) for whichever is larger. A backlog past
+    # either spills to the disk queue, and reading it back (disk reads, an fsync per 2,500) was a
+    # third of the shard's time; a 1.2M backlog with --mem-queue-size=1000000 ended the run with
+    # its last 200k messages trickling in from disk.
     held = max(args.messages, args.warmup, 4 * args.max_batch)
     log_bytes = args.log_bytes or max(32 << 20, held * (args.size + 96))
-    node, tcp, http = start_node(f"{tmp}/data", f"--max-rdy-count={4 * args.max_batch}", "--mem-queue-size=1000000",
-                                 f"--mem-queue-bytes={log_bytes}")
+    node, tcp, http = start_node(f"{tmp}/data", f"--max-rdy-count={4 * args.max_batch}",
+                                 f"--mem-queue-size={max(1_000_000, held)}", f"--mem-queue-bytes={log_bytes}")
     spark = session(args.java_options)
     counter = iter(range(1_000_000))
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from pynsqd.shard.channel import Channel, ChannelError
+from pynsqd.shard.channel import PUMP_BUDGET, Channel, ChannelError
 from pynsqd.shard.inflight import GRANULARITY
 from pynsqd.shard.queue import DropBackend, MessageQueue
 from pynsqd.shm.log import DONE, IN_FLIGHT, READY, MessageLog
@@ -51,6 +51,9 @@ class Consumer:
         self.out.clear()
         return got
 
+    def received_ids(self) -> set[bytes]:
+        return {msg_id for msg_id, _ in self.received()}
+
 
 def channel_with(count: int) -> Channel:
     log = MessageLog(bytearray(buffer_size(1 << 20)), init=True)
@@ -71,6 +74,30 @@ def test_deliver_then_fin_in_one_run_leaves_nothing_held() -> None:
     assert a.in_flight_count == 0 and a.finish_count == 600 and not channel.in_flight
     assert len(channel.timeouts) == 0  # finished deliveries hold no ids
     assert channel.queue.live == 0 and channel.process_timers(10 * TIMEOUT) is False
+
+
+def test_a_pump_yields_the_loop_after_its_budget_and_schedules_the_rest() -> None:
+    """A consumer with room for everything gets ``PUMP_BUDGET`` messages per pump; the channel
+    asks for another turn until all are out, each delivered once (a single pump used to hand
+    out a whole 300k-message window, blocking the loop for over a second)."""
+    total = 2 * PUMP_BUDGET + 100
+    scheduled: list[Channel] = []
+    log = MessageLog(bytearray(buffer_size(8 << 20)), init=True)
+    channel = Channel("t", "c", MessageQueue(log, 100_000, DropBackend()), scheduled.append)
+    channel.put_many([HEADER.pack(i, 0, b"%016d" % i) + b"body" for i in range(total)])
+    a = Consumer(rdy=10 * total)
+    channel.add_consumer(a)
+    scheduled.clear()
+    turns = []
+    while True:
+        channel.pump(0)
+        turns.append(len(a.received_ids()))
+        if not scheduled:
+            break
+        assert scheduled == [channel]
+        scheduled.clear()
+    assert turns == [PUMP_BUDGET, PUMP_BUDGET, 100]
+    assert a.in_flight_count == total and len(channel.in_flight) == total
 
 
 def test_fin_errors_say_why_in_order() -> None:

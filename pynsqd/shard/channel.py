@@ -9,7 +9,10 @@ owner runs each scheduled pump once per event-loop turn, however many publishes 
 a burst of PUBs costs one pump. A pump walks the consumers round-robin, starting one further
 each time, and hands each ready consumer up to its free capacity (RDY minus in flight) in
 chunks of ``CHUNK``, so several consumers of one channel share the messages as nsqd's
-competing message pumps do.
+competing message pumps do. One pump hands out at most ``PUMP_BUDGET`` messages and then
+schedules itself for the next turn: a consumer that reads as fast as it is sent to with a
+large RDY (a Spark source holds 300k in flight) would otherwise keep the loop in one pump for
+over a second, and FINs, other clients, ``/stats`` and the heartbeat wait behind it.
 
 RDY is a level, as in nsqd: a consumer may hold ``RDY`` messages in flight at once; FIN,
 REQ and timeouts free room, they do not need a new RDY.
@@ -52,6 +55,7 @@ from pynsqd.wire.names import is_ephemeral
 log = logging.getLogger("pynsqd.shard")
 
 CHUNK = 256  # messages handed to one consumer per turn of a pump
+PUMP_BUDGET = 16 * CHUNK  # messages one pump hands out before it yields the loop (~10 ms)
 
 _unpack_attempts = ATTEMPTS.unpack_from
 
@@ -176,29 +180,37 @@ class Channel:
         count = len(consumers)
         start = self._turn % count
         self._turn += 1
-        delivered = True
-        while delivered and len(queue):
-            delivered = False
+        budget = PUMP_BUDGET
+        while len(queue):
+            if budget <= 0:  # more to hand out: the rest next turn, after other work
+                self._schedule(self)
+                return
+            moved = 0
             for i in range(count):
                 client = consumers[(start + i) % count]
                 room = client.capacity()
                 if room <= 0:
                     continue
-                if not self._deliver(client, min(room, CHUNK), now):
+                n = self._deliver(client, min(room, CHUNK), now)
+                if not n:
                     return
-                delivered = True
+                moved += n
+            if not moved:
+                return
+            budget -= moved
 
-    def _deliver(self, client: Any, count: int, now: int) -> bool:
-        """Hand ``client`` up to ``count`` ready messages; False when none was ready."""
+    def _deliver(self, client: Any, count: int, now: int) -> int:
+        """Hand ``client`` up to ``count`` ready messages; how many were taken (0: none was
+        ready)."""
         if client.sample_rate:
             return self._deliver_sampled(client, count, now)
         ids: list[bytes] = []
         positions = self.queue.deliver(count, client.output(), ids)
         if not positions:
-            return False
+            return 0
         self._hold(client, ids, positions, now)
         client.delivered(len(positions))
-        return True
+        return len(positions)
 
     def _hold(self, client: Any, ids: list[bytes], positions: list[int], now: int) -> None:
         """``ids`` (at ``positions``) are in flight at ``client`` from ``now``."""
@@ -210,11 +222,12 @@ class Channel:
         self.in_flight_pos.update(zip(ids, positions))
         client.in_flight_count += len(in_flight) - held  # a duplicate id counts once, as FIN will
 
-    def _deliver_sampled(self, client: Any, count: int, now: int) -> bool:
-        """``--sample-rate``: each message is delivered with that chance, else consumed."""
+    def _deliver_sampled(self, client: Any, count: int, now: int) -> int:
+        """``--sample-rate``: each message is delivered with that chance, else consumed;
+        returns how many were taken (delivered or sampled out)."""
         positions, records = self.queue.take(count)
         if not records:
-            return False
+            return 0
         sample = client.sample_rate
         mark = self.queue.log.deliver
         ids: list[bytes] = []
@@ -234,7 +247,7 @@ class Channel:
         if kept:
             self._hold(client, ids, kept, now)
             client.deliver(out)
-        return True
+        return len(records)
 
     # --- FIN / REQ / TOUCH ----------------------------------------------------------------
     def _get_in_flight(self, client: Any, msg_id: bytes) -> Delivery:

@@ -107,6 +107,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._feed
 
     def initialOffset(self) -> dict:
+        trace.event("initial")
         return {"seq": 0, "hb": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
