@@ -70,6 +70,11 @@ def make(tmp_path: Path) -> Iterator[Make]:
     yield new
     for queue in queues:
         queue.close(delete=True)
+    _remove_segments(data)
+
+
+def _remove_segments(data: str) -> None:
+    """Shared memory outlives the test: give back what the queues of ``data`` left."""
     for name in list_segments(data):
         unlink_segment(name)
 
@@ -94,7 +99,7 @@ def test_a_framed_run_reaches_every_channel_with_the_stats_of_a_local_publish(tm
     opts = NsqdOptions(data_path=str(tmp_path), mem_queue_size=1000)
     broker = Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
     try:
-        local, cross = broker.get_topic("local"), broker.get_topic("t")
+        local, cross = broker.get_topic("local"), broker.get_topic("cross")
         for topic in (local, cross):
             for name in ("a", "b", "c"):
                 broker.get_channel(topic, name)
@@ -115,6 +120,7 @@ def test_a_framed_run_reaches_every_channel_with_the_stats_of_a_local_publish(tm
     finally:
         for name in ("local", "cross"):
             broker.delete_topic(name)
+        _remove_segments(str(tmp_path))
 
 
 def test_a_paused_topic_keeps_the_run_in_its_own_log_and_hands_on_the_same_messages(tmp_path: Path) -> None:
@@ -140,6 +146,7 @@ def test_a_paused_topic_keeps_the_run_in_its_own_log_and_hands_on_the_same_messa
     finally:
         for name in ("local", "cross"):
             broker.delete_topic(name)
+        _remove_segments(str(tmp_path))
 
 
 def _near_the_end(queue: MessageQueue) -> None:
@@ -354,5 +361,4 @@ def test_the_owner_drops_a_corrupt_record_untouched_and_stores_the_others(tmp_pa
         for name in ("local", "t"):
             broker.delete_topic(name)
         release_rings(rings)
-        for name in list_segments(data):
-            unlink_segment(name)
+        _remove_segments(data)
