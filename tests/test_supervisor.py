@@ -4,6 +4,7 @@ restarts and shutdown, all on real processes."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -459,6 +460,61 @@ def test_a_shard_that_cannot_boot_stops_the_node_with_one_line(node: NodeFactory
         nsqd.start()
     assert "nsqd: shard 0 failed to boot" in nsqd.output
     assert nsqd.output.count("failed to boot -") == 1
+
+
+def _drained(nsqd: Daemon, topic: str, channel: str) -> bool:
+    """Nothing left in ``topic:channel``: not queued, in flight or deferred."""
+    return all(c["depth"] == c["in_flight_count"] == c["deferred_count"] == 0
+               for t in get_json(nsqd, "/stats?format=json")["topics"] if t["topic_name"] == topic
+               for c in t["channels"] if c["channel_name"] == channel)
+
+
+def test_cross_shard_mpubs_are_framed_runs_where_they_fit_and_arrive_once_with_exact_stats(
+        node: NodeFactory, tmp_path: Path) -> None:
+    """``--mem-queue-size=300``; a connection on one shard MPUBs 3 x 200 to a topic the other
+    shard owns, with two channels: the first batch is appended to both logs as its framed run
+    (one copy each), the second fits only in part (100 in the log, 100 to the disk queue) and
+    the third goes to disk whole — both take the per-message path, as does a DPUB. Counts
+    are exact and each channel gets every message exactly once."""
+    nsqd = node("--shards=2", "--mem-queue-size=300")
+    with RawClient(nsqd.tcp) as p:
+        p.send(encode_pub("frm_home", b"x"))
+        assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+        home = owners(tmp_path)["frm_home"]
+        away = next(f"frm_away{i}" for i in range(50) if _owner_after_create(nsqd, tmp_path, f"frm_away{i}") != home)
+        for channel in ("a", "b"):
+            request = urllib.request.Request(f"{nsqd.http_url}/channel/create?topic={away}&channel={channel}",
+                                             method="POST")
+            urllib.request.urlopen(request, timeout=scaled(10)).close()
+        batches = [[b"%d-%03d" % (r, i) + b"." * (i % 9) for i in range(200)] for r in range(3)]
+        for batch in batches:
+            p.send(encode_mpub(away, batch))
+            assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+        p.send(encode_dpub(away, 200, b"deferred"))
+        assert p.read_frame() == (FRAME_RESPONSE, b"OK")
+    bodies = [b for batch in batches for b in batch] + [b"deferred"]
+    stats = get_json(nsqd, "/stats?format=json")  # each owner drains its rings before answering
+    sup = stats["supervisor"]
+    assert sup["cross_shard_sent"] == sup["cross_shard_received"] == 601
+    assert sup["cross_shard_framed"] == 200
+    (topic,) = [t for t in stats["topics"] if t["topic_name"] == away]
+    assert (topic["message_count"], topic["message_bytes"], topic["depth"]) == (601, sum(map(len, bodies)), 0)
+    assert [c["channel_name"] for c in topic["channels"]] == ["a", "b"]
+    for c in topic["channels"]:
+        assert (c["message_count"], c["backend_depth"], c["depth"] + c["deferred_count"]) == (601, 300, 601)
+    for channel in ("a", "b"):
+        with RawClient(nsqd.tcp) as c:
+            c.subscribe(away, channel, rdy=1000)
+            got = []
+            for _ in range(601):
+                m = c.read_message(timeout=scaled(10))
+                assert m.attempts == 1
+                got.append(m.body)
+                c.send(encode_fin(m.id))
+            assert sorted(got) == sorted(bodies)
+            wait_for(functools.partial(_drained, nsqd, away, channel), 10, what=f"channel {channel} drained")
+    (topic,) = [t for t in get_json(nsqd, "/stats?format=json")["topics"] if t["topic_name"] == away]
+    assert [c["message_count"] for c in topic["channels"]] == [601, 601] and topic["message_count"] == 601
 
 
 def test_a_full_inbound_ring_holds_the_publisher_back_and_loses_nothing(node: NodeFactory, tmp_path: Path) -> None:

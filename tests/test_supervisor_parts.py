@@ -14,7 +14,8 @@ import pytest
 
 from pynsqd.shard import metadata
 from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.crossshard import decode_batch, encode_batch, ring_name
+from pynsqd.shard.crossrecord import decode_batch, encode_batch
+from pynsqd.shard.crossshard import ring_name
 from pynsqd.shard.node import make_backend
 from pynsqd.shm import sidecar, store
 from pynsqd.shm.ring import HEADER_SIZE as RING_HEADER_SIZE
@@ -158,8 +159,10 @@ def test_unparsed_bytes_round_trip_through_a_new_parser() -> None:
 
 
 def test_cross_shard_batch_codec() -> None:
-    data = encode_batch("topic", [b"r1", b"record2"], 9, 1234)
-    assert decode_batch(data) == ("topic", [b"r1", b"record2"], 9, 1234)
+    messages = [HEADER.pack(1, 0, b"%016d" % i) + b"body" * i for i in range(2)]
+    data = encode_batch("topic", messages, 4, 1234)
+    topic, records, body_bytes, due = decode_batch(data)
+    assert (topic, list(records), body_bytes, due) == ("topic", messages, 4, 1234)
     assert decode_batch(encode_batch("t", [], 0, 0)) == ("t", [], 0, 0)
     with pytest.raises(ValueError):
         decode_batch(data + b"x")

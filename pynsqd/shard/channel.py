@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pynsqd.shard.inflight import NO_IDS, DeferredQueue, Delivery, TimeoutWheel
@@ -115,7 +115,7 @@ class Channel:
         self.queue.finish(new)  # nothing refers to it (a duplicate): drop the copy
 
     # --- messages in ----------------------------------------------------------------------
-    def put_many(self, records: list[bytes]) -> None:
+    def put_many(self, records: Sequence[bytes]) -> None:
         """Queue published messages (raises the backend's error when it cannot store them)."""
         self.queue.put_many(records)
         self.message_count += len(records)

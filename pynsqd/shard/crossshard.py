@@ -29,10 +29,16 @@ process of the host, and the rings do not outlive the host's uptime), taken when
 producer wrote the record, i.e. just before the ``OK``: the delay counts from the publish,
 not from when the owner drains the ring (the owner may be restarting).
 
-Record: ``[1B kind "D"][2B topic length][topic][8B due ns, 0 = not deferred][4B body
-bytes][4B count]`` then ``count`` times ``([4B length][encoded message])``; ``count`` 0
-means "create the topic". Kind ``"P"`` (an older release: the 8 bytes are the delay,
-counted from the drain) is still read, so a ring left by an upgrade is not dropped.
+The record (``shard/crossrecord.py``) carries the topic, the due time, the body bytes, the
+count and the messages already framed as READY records of the owner's ``MessageLog``: the
+producer frames the batch once, the owner checks the run once and hands it to the topic as
+the message list it used to get; each log the topic puts it in (its channels', or its own
+while it has no channel, is paused or has messages waiting) appends it with one copy when it
+can take it whole without ``make_room`` (``MessageQueue.put_many``); anything else — a wrap,
+a full log, a spill to disk, a deferred batch, a channel that refuses — reads the run as the
+list of messages and takes the path a local publish takes. A corrupt record is logged and
+dropped, never stored. Rings left by older releases (kinds ``"D"``, ``"P"``) are still
+drained. ``framed`` counts the messages stored without being decoded.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ import struct
 import time
 
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
+from pynsqd.shard.crossrecord import decode_batch, encode_batch
+from pynsqd.shm.frames import Frames
 from pynsqd.shm.ring import ByteRing, RingError
 from pynsqd.shm.segment import Segment, segment_name
 from pynsqd.wire.message import HEADER
@@ -62,9 +70,6 @@ def ring_size() -> int:
     return max(4096, min(RING_SIZE, soft // 4096 * 4096))
 DRAIN_BATCH = 256
 STORE_RETRY = 1.0  # seconds before the owner retries a batch it could not store
-_HEAD = struct.Struct(">H")
-_TAIL = struct.Struct(">QII")
-_LEN = struct.Struct(">I")
 
 
 def ring_name(data_dir: str, src: int, dst: int) -> str:
@@ -103,40 +108,6 @@ def release_rings(segments: list[Segment]) -> None:
         seg.close()
         if empty:
             seg.unlink()
-
-
-def encode_batch(topic: str, records: list[bytes], body_bytes: int, due_ns: int) -> bytes:
-    """``due_ns``: when a deferred batch falls due (``time.monotonic_ns()``), 0 for none."""
-    name = topic.encode()
-    parts = [b"D", _HEAD.pack(len(name)), name, _TAIL.pack(due_ns, body_bytes, len(records))]
-    for record in records:
-        parts.append(_LEN.pack(len(record)))
-        parts.append(record)
-    return b"".join(parts)
-
-
-def decode_batch(data: bytes) -> tuple[str, list[bytes], int, int]:
-    """→ (topic, records, body bytes, due monotonic ns or 0). Raises ``ValueError`` on a
-    bad record."""
-    kind = data[:1]
-    if kind not in (b"D", b"P") or len(data) < 3:
-        raise ValueError("not a publish record")
-    (n,) = _HEAD.unpack_from(data, 1)
-    pos = 3 + n
-    topic = data[3:pos].decode("utf-8", "surrogateescape")
-    due, body_bytes, count = _TAIL.unpack_from(data, pos)
-    if kind == b"P" and due:  # an older release's relative delay
-        due += time.monotonic_ns()
-    pos += _TAIL.size
-    records = []
-    for _ in range(count):
-        (size,) = _LEN.unpack_from(data, pos)
-        pos += 4
-        records.append(data[pos:pos + size])
-        pos += size
-    if pos != len(data):
-        raise ValueError("publish record length mismatch")
-    return topic, records, body_bytes, due
 
 
 def _pieces(owner: int, topic: str, records: list[bytes], due_ns: int, max_size: int) -> list[tuple[int, bytes]]:
@@ -233,6 +204,7 @@ class Inbound:
                 self.segments.append(seg)
                 self.rings.append(ByteRing(seg.buf, init=False))
         self.received = 0  # messages taken from the rings
+        self.framed = 0  # of those, stored with no message decoded: every log took the run as is
         self._again: asyncio.Handle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -303,6 +275,8 @@ class Inbound:
                       topic_name, len(records), exc)
             return False
         self.received += len(records)
+        if isinstance(records, Frames) and not records.decoded:
+            self.framed += len(records)
         return True
 
     def stop(self) -> None:

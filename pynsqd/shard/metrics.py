@@ -101,6 +101,8 @@ _SUPERVISOR = [  # (key of the "supervisor" stats object, metric name, kind, hel
     ("relays", "nsq_supervisor_relays", "counter", "Connections relayed from one shard to another"),
     ("cross_shard_sent", "nsq_supervisor_cross_shard_messages", "counter",
      "Messages published on one shard for a topic another shard owns"),
+    ("cross_shard_framed", "nsq_supervisor_cross_shard_framed_messages", "counter",
+     "Cross-shard messages their owner stored as framed runs, one copy per log"),
 ]
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pynsqd.shard.channel import Channel
@@ -77,8 +77,10 @@ class Topic:
         """True when published messages go straight to the channels."""
         return bool(self.channels) and not self.paused
 
-    def put_many(self, records: list[bytes], body_bytes: int) -> None:
-        """Publish. Raises the backend's error if the messages cannot be stored."""
+    def put_many(self, records: Sequence[bytes], body_bytes: int) -> None:
+        """Publish. Raises the backend's error if the messages cannot be stored. ``records``
+        may be a run of READY log frames (a cross-shard batch, ``shm/frames.Frames``): each
+        queue that can take it whole appends it as it is (``MessageQueue.put_many``)."""
         if self.flowing and not len(self.queue) and not self.retry_at:  # nothing handed: no retry pending
             took = 0
             try:
@@ -96,7 +98,7 @@ class Topic:
         self.message_count += len(records)
         self.message_bytes += body_bytes
 
-    def _keep_refused(self, records: list[bytes], took: int, exc: Exception) -> None:
+    def _keep_refused(self, records: Sequence[bytes], took: int, exc: Exception) -> None:
         """The first ``took`` channels took ``records``, the next one refused them: queue
         them here for the pump to hand to the others (raises if the topic cannot either)."""
         names = set(list(self.channels)[:took])

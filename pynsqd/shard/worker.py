@@ -179,7 +179,8 @@ class ShardWorker:
                              msg.get("include_clients", True), msg.get("include_mem", True))
             doc["shard_counters"] = {"handoffs": self.handoffs, "relays": self.relays,
                                      "cross_shard_sent": self.outbound.sent,
-                                     "cross_shard_received": self.inbound.received}
+                                     "cross_shard_received": self.inbound.received,
+                                     "cross_shard_framed": self.inbound.framed}
             chan.reply(msg, {"ok": True}, orjson.dumps(doc))
         elif op == "health":
             chan.reply(msg, {"ok": True, "health": self.broker.health})

@@ -30,7 +30,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 
-from pynsqd.shm.ring import FRAME, FRAME_SIZE, HEADER_SIZE, WRAP, ByteRing, RingError, Writable
+from pynsqd.shm.frames import FRAME, FRAME_SIZE, WRAP, Frames, RingError, check_frames, frame_records
+from pynsqd.shm.ring import HEADER_SIZE, ByteRing, Writable
 
 READY = 1
 IN_FLIGHT = 2
@@ -42,6 +43,7 @@ _DUE = struct.Struct("<Q")
 _ATTEMPTS = struct.Struct(">H")
 _ATTEMPTS_AT = STATE_SIZE + 8  # offset of the message's attempts field within a record
 _ID_AT = 10  # offset of the message id within a message
+MESSAGE_HEADER = 26  # NSQ's message header: timestamp, attempts, id
 _TIMESTAMP = struct.Struct(">q")
 _WIRE_HEADER = struct.Struct(">ii")  # an NSQ frame's size and type (2: message)
 READY_HEADER = bytes([READY]) + bytes(STATE_SIZE - 1)
@@ -51,6 +53,18 @@ Discard = Callable[[int, int], None]
 
 def state_header(state: int, due: int = 0) -> bytes:
     return bytes([state]) + bytes(7) + _DUE.pack(due)
+
+
+def frame_ready(messages: Sequence[bytes], head: bytes = b"") -> Frames:
+    """``messages`` as READY records exactly as ``append_ready`` writes them, behind ``head``
+    (appended to any log with ``put_frames``)."""
+    return frame_records(messages, READY_HEADER, head)
+
+
+def check_ready(data: bytes, start: int, count: int) -> Frames:
+    """Adopt ``data[start:]`` (written by another process) as ``count`` READY records of whole
+    messages; ``RingError`` if it is anything else, so it can never corrupt a log."""
+    return check_frames(data, start, count, READY_HEADER, MESSAGE_HEADER)
 
 
 class MessageLog(ByteRing):

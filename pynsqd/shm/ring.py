@@ -36,9 +36,13 @@ while nobody else is attached) rescans the records and repairs them. Indices are
 on every call: an index out of range or a frame that fails its check raises ``RingError``,
 never garbage.
 
-Speed: frames of a batch are joined into one ``bytes`` and copied with one slice
-assignment; a take walks the frame headers with ``struct.unpack_from``, copies the covered
-bytes once and slices the records out of that copy.
+Speed: frames of a batch are joined into one ``bytes`` (``shm/frames.frame_records``: one
+shared frame head for equal-size records) and copied with one slice assignment;
+``put_frames`` appends such a run built or checked elsewhere as it is (a cross-shard batch
+framed by its producer, appended to every channel's log). A take walks the frame headers
+with ``struct.unpack_from``, copies the covered bytes once and slices the records out of
+that copy. The frame format itself (``FRAME``, ``WRAP``, ``RingError``) lives in
+``shm/frames.py`` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -46,13 +50,12 @@ from __future__ import annotations
 import mmap
 import struct
 from collections.abc import Sequence
-from itertools import chain, repeat
+
+from pynsqd.shm.frames import FRAME, FRAME_SIZE, PADS, WRAP, Frames, RingError, frame_records
 
 MAGIC = b"PYNSQRG1"
 VERSION = 1
 HEADER_SIZE = 192
-FRAME_SIZE = 8
-WRAP = 0xFFFFFFFF
 MIN_CAPACITY = 64
 
 _MAGIC_OFF = 0
@@ -65,16 +68,13 @@ _READ = 16
 _RSEQ = 17
 
 _VER = struct.Struct("<II")
-FRAME = struct.Struct("<II")  # a record's frame head: its size, and size ^ WRAP (MessageLog reads it too)
 _WRAP_FRAME = FRAME.pack(WRAP, 0)
-_PADS = [b"\0" * n for n in range(8)]
+_PADS = PADS
 
+__all__ = ["FRAME", "FRAME_SIZE", "HEADER_SIZE", "WRAP", "ByteRing", "Frames", "RingError", "Writable",
+           "buffer_size", "frame_size"]
 
 Writable = bytearray | memoryview | mmap.mmap
-
-
-class RingError(Exception):
-    """The buffer is not a ring, or a record frame or index in it is corrupt."""
 
 
 def buffer_size(capacity: int) -> int:
@@ -208,25 +208,13 @@ class ByteRing:
         free = cap - (write - read)
         start = write % cap
         tail = cap - start
+        # Fast path: the whole batch fits before the end (framed by ``frame_records``).
+        if records and sum(map(len, records)) + (FRAME_SIZE + len(prefix)) * len(records) <= min(free, tail):
+            count = self.put_frames(frame_records(records, prefix))
+            if count:
+                return count
         max_frame = self._max_frame
         extra = len(prefix)
-        # Fast path: the whole batch fits before the end; frames built by comprehensions.
-        sizes = [n + extra for n in map(len, records)] if extra else list(map(len, records))
-        frames = [(n + 15) & ~7 for n in sizes]  # FRAME_SIZE + size rounded up to 8
-        total = sum(frames)
-        if sizes and total <= free and total <= tail and max(frames) <= max_frame:
-            pads = _PADS
-            heads = list(map(FRAME.pack, sizes, [n ^ WRAP for n in sizes]))
-            tails = [pads[-n & 7] for n in sizes]
-            if extra:
-                data = b"".join(chain.from_iterable(zip(heads, repeat(prefix), records, tails)))
-            else:
-                data = b"".join(chain.from_iterable(zip(heads, records, tails)))
-            buf[HEADER_SIZE + start:HEADER_SIZE + start + total] = data
-            words = self._words
-            words[_WSEQ] = words[_WSEQ] + len(sizes)
-            words[_WRITE] = write + total
-            return len(sizes)
         head: list[bytes] = []
         wrapped: list[bytes] = []
         pieces = head
@@ -274,6 +262,26 @@ class ByteRing:
         words = self._words
         words[_WSEQ] = words[_WSEQ] + count
         words[_WRITE] = write + used
+        return count
+
+    def put_frames(self, frames: Frames) -> int:
+        """Append a run of frames (``frame_records``/``check_frames`` made and checked it)
+        whole, with one copy and one index store; returns its count, or 0 when it does not
+        fit before the end of the area now (or holds a frame larger than ``max_record_size``
+        allows): the caller then takes ``put_many``'s path."""
+        count = len(frames)
+        total = frames.end - frames.start
+        write, read = self._indices()
+        cap = self._cap
+        start = write % cap
+        if (count <= 0 or total % 8 or total > cap - (write - read) or total > cap - start
+                or frames.largest > self._max_frame):
+            return 0
+        at = HEADER_SIZE + start
+        self._buf[at:at + total] = memoryview(frames.data)[frames.start:frames.end]
+        words = self._words
+        words[_WSEQ] = words[_WSEQ] + count
+        words[_WRITE] = write + total
         return count
 
     # -- consumer ------------------------------------------------------------------------

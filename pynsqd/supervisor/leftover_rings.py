@@ -29,12 +29,13 @@ import logging
 import re
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pynsqd.shard import metadata
 from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.crossshard import decode_batch, ring_name
+from pynsqd.shard.crossrecord import decode_batch
+from pynsqd.shard.crossshard import ring_name
 from pynsqd.shard.node import make_backend
 from pynsqd.shm import sidecar as sidecar_file
 from pynsqd.shm.diskqueue import DiskQueueError
@@ -45,7 +46,7 @@ from pynsqd.wire.names import is_ephemeral
 log = logging.getLogger("pynsqd.supervisor")
 
 _PAIR = re.compile(r"(\d+)-(\d+)")
-Batch = tuple[str, list[bytes], int]  # topic, encoded messages, due monotonic ns (0: ready)
+Batch = tuple[str, Sequence[bytes], int]  # topic, encoded messages, due monotonic ns (0: ready)
 
 
 def rescue(opts: NsqdOptions, shards: int, owner: Callable[[str], int], topics: list[Any]) -> set[str]:
