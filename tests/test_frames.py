@@ -14,7 +14,7 @@ import pytest
 
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.crossrecord import decode_batch, encode_batch
+from pynsqd.shard.crossrecord import FRAMED_MIN, decode_batch, encode_batch
 from pynsqd.shard.crossshard import Inbound, create_rings, release_rings, ring_name
 from pynsqd.shard.node import make_backend, queue_factory
 from pynsqd.shard.queue import DropBackend, MessageQueue, segment_queue
@@ -40,7 +40,7 @@ BATCH = messages(UNIFORM[:100] + MIXED, 10_000)
 
 def framed(batch: list[bytes]) -> Frames:
     """``batch`` as the owner gets it from a cross-shard ring record."""
-    _, records, _, _ = decode_batch(encode_batch("t", batch, 0, 0))
+    _, records, _, _ = decode_batch(encode_batch("t", batch, 0, 0, framed=True))
     assert isinstance(records, Frames)
     return records
 
@@ -91,6 +91,15 @@ def test_a_framed_run_is_appended_as_the_bytes_append_ready_writes(make: Make, s
         assert area(fast) == area(plain)
         assert (fast.ready, fast.live) == (plain.ready, plain.live) == (len(sizes) * (round_ + 1),) * 2
     assert fast.log.walk(0, 10_000)[1] == plain.log.walk(0, 10_000)[1]
+
+
+def test_small_batches_are_written_as_length_prefixed_records_large_ones_framed() -> None:
+    """Framing has a fixed cost that a /pub or a small MPUB does not pay back."""
+    few, many = messages(UNIFORM[:FRAMED_MIN - 1], 0), messages(UNIFORM[:FRAMED_MIN], 0)
+    assert encode_batch("t", few, 0, 0)[:1] == b"D" and encode_batch("t", many, 0, 0)[:1] == b"F"
+    for batch in (few, many):
+        _, records, _, _ = decode_batch(encode_batch("t", batch, 0, 0))
+        assert list(records) == batch
 
 
 def test_a_framed_run_reaches_every_channel_with_the_stats_of_a_local_publish(tmp_path: Path) -> None:
@@ -219,7 +228,7 @@ def test_a_run_outside_the_fast_path_stores_exactly_what_the_messages_would(make
 
 
 def _record(batch: list[bytes]) -> bytes:
-    return encode_batch("t", batch, 7, 0)
+    return encode_batch("t", batch, 7, 0, framed=True)
 
 
 def _flip(data: bytes, at: int) -> bytes:
@@ -340,13 +349,13 @@ def test_the_owner_drops_a_corrupt_record_untouched_and_stores_the_others(tmp_pa
         broker.get_channel(cross, "c")
         before = area(cross.channels["c"].queue)
         good, old = messages(UNIFORM), messages(MIXED, 5000)
-        bad = CORRUPT["a length"](encode_batch("t", good, 1, 0))
+        bad = CORRUPT["a length"](encode_batch("t", good, 1, 0, framed=True))
         assert ring.put(bad)
         assert inbound.drain() == 1 and len(ring) == 0
         assert area(cross.channels["c"].queue) == before and cross.message_count == 0
         old_record = (b"D" + struct.pack(">H", 1) + b"t" + struct.pack(">QII", 0, 2, len(old))
                       + b"".join(struct.pack(">I", len(m)) + m for m in old))
-        assert ring.put_many([encode_batch("t", good, 40_000, 0), old_record]) == 2
+        assert ring.put_many([encode_batch("t", good, 40_000, 0, framed=True), old_record]) == 2
         assert inbound.drain() == 2
         local.put_many(good, 40_000)
         local.put_many(old, 2)

@@ -14,7 +14,8 @@ topic". What follows depends on the kind:
   channel whose log can take it whole appends it with one copy. Before, the producer
   packed a length per message, the owner cut the batch back into one ``bytes`` per message
   (a Python step per message, ~0.24 µs) and each log framed them again (~0.3-0.5 µs).
-* ``"D"`` (older releases): ``count`` times ``([4B length][message])``.
+* ``"D"`` (batches of fewer than ``FRAMED_MIN`` messages, and older releases): ``count``
+  times ``([4B length][message])``.
 * ``"P"`` (older still): as ``"D"``, but the 8 bytes are the delay, counted from the drain.
 
 ``"D"`` and ``"P"`` are still read, so a ring an older release left is drained. ``decode``
@@ -33,19 +34,29 @@ from pynsqd.shm.frames import RingError
 from pynsqd.shm.log import check_ready, frame_ready
 
 FRAMED = b"F"
+# Framing and checking a run has a fixed cost (~10 µs) that pays off from a few dozen
+# messages on (per message, framed vs "D": 16.4 vs 5.3 µs for one, 1.3 vs 0.9 for 32, 0.40
+# vs 0.72 for 64, 0.23 vs 0.62 for 200); a /pub or a small MPUB is written as "D".
+FRAMED_MIN = 64
 _HEAD = struct.Struct(">H")
 _TAIL = struct.Struct(">QII")
 _LEN = struct.Struct(">I")
 
 
-def encode_batch(topic: str, records: Sequence[bytes], body_bytes: int, due_ns: int) -> bytes:
-    """A kind ``"F"`` record. ``due_ns``: when a deferred batch falls due
+def encode_batch(topic: str, records: Sequence[bytes], body_bytes: int, due_ns: int,
+                 framed: bool | None = None) -> bytes:
+    """A kind ``"F"`` record, or ``"D"`` for fewer than ``FRAMED_MIN`` messages (``framed``
+    forces one or the other). ``due_ns``: when a deferred batch falls due
     (``time.monotonic_ns()``), 0 for none."""
     name = topic.encode()
-    head = b"".join((FRAMED, _HEAD.pack(len(name)), name, _TAIL.pack(due_ns, body_bytes, len(records))))
-    if not records:
-        return head
-    return frame_ready(records, head).data
+    tail = _TAIL.pack(due_ns, body_bytes, len(records))
+    if not (len(records) >= FRAMED_MIN if framed is None else framed):
+        parts = [b"D", _HEAD.pack(len(name)), name, tail]
+        for record in records:
+            parts.append(_LEN.pack(len(record)))
+            parts.append(record)
+        return b"".join(parts)
+    return frame_ready(records, b"".join((FRAMED, _HEAD.pack(len(name)), name, tail))).data
 
 
 def decode_batch(data: bytes) -> tuple[str, Sequence[bytes], int, int]:
