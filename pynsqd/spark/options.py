@@ -80,8 +80,7 @@ class SourceOptions:
         if 2 * max_batch >= max_in_flight:
             raise ValueError(f"option maxInFlight={max_in_flight} must exceed 2 x maxBatch={max_batch}: "
                              "a batch stays in flight until the next one commits it")
-        # Kafka's minOffsetsPerTrigger / maxTriggerDelay: fewer, fuller batches when Spark's fixed
-        # cost per micro-batch is the limit (a 2-core host: ~0.45 s of JVM CPU per batch)
+        # Kafka's minOffsetsPerTrigger / maxTriggerDelay: fewer, fuller batches (and output files)
         min_batch = _int(opts, "minBatch", 0, minimum=0)
         if min_batch > max_batch:
             raise ValueError(f"option minBatch={min_batch} must not exceed maxBatch={max_batch}")

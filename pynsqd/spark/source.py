@@ -33,8 +33,8 @@ except the runner's first call, which waits up to ``FIRST_BATCH_WAIT`` for a bat
 the first batch carries data instead of costing an empty cycle. With ``minBatch`` (Kafka's
 ``minOffsetsPerTrigger``) it answers "nothing new" — Spark asks again after its polling
 delay, 10 ms — until that many messages are buffered or ``maxBatchDelay`` passed since the
-last batch: fewer, fuller batches, for hosts where Spark's fixed cost per micro-batch (about
-0.45 s of JVM CPU here) is the limit. The previous batch stays uncommitted meanwhile, which
+last batch: fewer, fuller batches (and fewer, larger files from a file sink) from a topic
+that trickles. The previous batch stays uncommitted meanwhile, which
 ``maxInFlight`` > 2 x ``maxBatch`` leaves room for. ``trace.py`` records each call
 (and each executor ``read``) when ``PYNSQD_SPARK_TRACE`` is set.
 """
