@@ -226,6 +226,15 @@ def test_next_id_gives_the_same_ids_as_next_ids_of_one(shards: int) -> None:
     assert len(set(got)) == len(got)
 
 
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_batch_of_ids_is_the_ids_made_one_at_a_time(shards: int) -> None:
+    """``next_ids`` hex-encodes a run of ids at once: the same ids ``next_id`` makes one by
+    one, across a borrowed tick (5,000 > a tick's sequence space with 4 shards)."""
+    batch = IdFactory(7, shards - 1, shards, clock=FakeClock()).next_ids(5000)
+    single = IdFactory(7, shards - 1, shards, clock=FakeClock())
+    assert batch == [single.next_id() for _ in range(5000)]
+
+
 def test_ids_keep_increasing_when_the_clock_goes_back() -> None:
     clock = FakeClock()
     factory = IdFactory(1, clock=clock)
