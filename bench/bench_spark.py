@@ -157,8 +157,7 @@ def main() -> None:
                         help="source: publish before the channel exists (the backlog waits in the topic and moves "
                              "to the channel as the query starts), instead of into an existing channel")
     parser.add_argument("--warmup", type=int, default=0,
-                        help="messages (and sink rows) of the unmeasured first run (default: --messages): "
-                             "the JVM's JIT compilers take half of its CPU for the first minute")
+                        help="messages (and sink rows) of each unmeasured warm-up run (default: --messages)")
     parser.add_argument("--warmup-secs", type=float, default=60.0,
                         help="repeat the warm-up run until this long after the session started: the JVM's "
                              "C1/C2 compilers were still compiling Spark's code (~0.5 s of compile time per "

@@ -69,7 +69,6 @@ _RSEQ = 17
 
 _VER = struct.Struct("<II")
 _WRAP_FRAME = FRAME.pack(WRAP, 0)
-_PADS = PADS
 
 __all__ = ["FRAME", "FRAME_SIZE", "HEADER_SIZE", "WRAP", "ByteRing", "Frames", "RingError", "Writable",
            "buffer_size", "frame_size"]
@@ -188,7 +187,7 @@ class ByteRing:
         if (read <= write and not (read | write) & 7 and frame <= cap - (write - read)
                 and frame <= cap - start and frame <= self._max_frame):
             at = HEADER_SIZE + start
-            self._buf[at:at + frame] = FRAME.pack(size, size ^ WRAP) + record + _PADS[-size & 7]
+            self._buf[at:at + frame] = FRAME.pack(size, size ^ WRAP) + record + PADS[-size & 7]
             words[_WSEQ] = words[_WSEQ] + 1
             words[_WRITE] = write + frame
             return True
@@ -219,7 +218,7 @@ class ByteRing:
         wrapped: list[bytes] = []
         pieces = head
         pack = FRAME.pack
-        pads = _PADS
+        pads = PADS
         used = 0
         count = 0
         for record in records:
