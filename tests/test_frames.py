@@ -9,6 +9,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -330,10 +331,13 @@ def test_records_of_older_releases_still_decode() -> None:
         decode_batch(b"D" + head + body[:-1])
 
 
-def test_the_owner_drops_a_corrupt_record_untouched_and_stores_the_others(tmp_path: Path) -> None:
-    """Real inbound ring 0 → 1 and the owner's real queues: a corrupt framed record is logged
-    and consumed without a byte of any log changing; a framed and an old "D" record behind it
-    are stored as a local publish of the same messages stores them."""
+Owner = tuple[Broker, Inbound, ByteRing]
+
+
+@pytest.fixture
+def owner(tmp_path: Path) -> Iterator[Owner]:
+    """Shard 1 of 2 with its real queues, its inbound ring from shard 0, and that ring's
+    producer end."""
     data = str(tmp_path)
     opts = NsqdOptions(data_path=data)
     rings = create_rings(data, 2)
@@ -344,30 +348,72 @@ def test_the_owner_drops_a_corrupt_record_untouched_and_stores_the_others(tmp_pa
     producer = Segment.open(ring_name(data, 0, 1), 0, create=False)
     ring = ByteRing(producer.buf, init=False)
     try:
-        local, cross = broker.get_topic("local"), broker.get_topic("t")
-        broker.get_channel(local, "c")
-        broker.get_channel(cross, "c")
-        before = area(cross.channels["c"].queue)
-        good, old = messages(UNIFORM), messages(MIXED, 5000)
-        bad = CORRUPT["a length"](encode_batch("t", good, 1, 0, framed=True))
-        assert ring.put(bad)
-        assert inbound.drain() == 1 and len(ring) == 0
-        assert area(cross.channels["c"].queue) == before and cross.message_count == 0
-        old_record = (b"D" + struct.pack(">H", 1) + b"t" + struct.pack(">QII", 0, 2, len(old))
-                      + b"".join(struct.pack(">I", len(m)) + m for m in old))
-        assert ring.put_many([encode_batch("t", good, 40_000, 0, framed=True), old_record]) == 2
-        assert inbound.drain() == 2
-        local.put_many(good, 40_000)
-        local.put_many(old, 2)
-        assert area(cross.channels["c"].queue) == area(local.channels["c"].queue)
-        assert (cross.message_count, cross.message_bytes) == (local.message_count, local.message_bytes)
-        assert (inbound.received, inbound.framed) == (len(good) + len(old), len(good))
+        yield broker, inbound, ring
     finally:
         ring.close()
         producer.close()
         inbound.close()
         os.close(wake)
-        for name in ("local", "t"):
+        for name in list(broker.topics):
             broker.delete_topic(name)
         release_rings(rings)
         _remove_segments(data)
+
+
+def test_the_owner_drops_a_corrupt_record_untouched_and_stores_the_others(owner: Owner) -> None:
+    """Real inbound ring 0 → 1 and the owner's real queues: a corrupt framed record is logged
+    and consumed without a byte of any log changing; a framed and an old "D" record behind it
+    are stored as a local publish of the same messages stores them."""
+    broker, inbound, ring = owner
+    local, cross = broker.get_topic("local"), broker.get_topic("t")
+    broker.get_channel(local, "c")
+    broker.get_channel(cross, "c")
+    before = area(cross.channels["c"].queue)
+    good, old = messages(UNIFORM), messages(MIXED, 5000)
+    bad = CORRUPT["a length"](encode_batch("t", good, 1, 0, framed=True))
+    assert ring.put(bad)
+    assert inbound.drain() == 1 and len(ring) == 0
+    assert area(cross.channels["c"].queue) == before and cross.message_count == 0
+    old_record = (b"D" + struct.pack(">H", 1) + b"t" + struct.pack(">QII", 0, 2, len(old))
+                  + b"".join(struct.pack(">I", len(m)) + m for m in old))
+    assert ring.put_many([encode_batch("t", good, 40_000, 0, framed=True), old_record]) == 2
+    assert inbound.drain() == 2
+    local.put_many(good, 40_000)
+    local.put_many(old, 2)
+    assert area(cross.channels["c"].queue) == area(local.channels["c"].queue)
+    assert (cross.message_count, cross.message_bytes) == (local.message_count, local.message_bytes)
+    assert (inbound.received, inbound.framed) == (len(good) + len(old), len(good))
+
+
+def test_the_owner_stores_a_run_of_one_message_records_for_a_topic_with_one_call(owner: Owner) -> None:
+    """Records of one message (a cross-shard /pub each) drained together go to their topic
+    as one list per run of the same topic. A deferred record, another topic or a corrupt
+    record ends a run. Every message is stored once, in order; the deferred one stays
+    deferred."""
+    broker, inbound, ring = owner
+    topics = {name: broker.get_topic(name) for name in ("t", "u")}
+    for topic in topics.values():
+        broker.get_channel(topic, "c")
+    calls: list[tuple[str, int]] = []
+    for name in ("t", "u"):
+        real = topics[name].put_many
+
+        def counted(records: Any, body_bytes: int, name: str = name, real: Any = real) -> None:
+            calls.append((name, len(records)))
+            real(records, body_bytes)
+        topics[name].put_many = counted  # type: ignore[method-assign]
+    m = messages([30 + i for i in range(8)])
+    due = time.monotonic_ns() + 60 * 10**9
+    records = [encode_batch("t", [m[0]], 30, 0), encode_batch("t", [m[1]], 31, 0),
+               encode_batch("t", [m[2]], 32, 0), encode_batch("u", [m[3]], 33, 0),
+               encode_batch("t", [m[4]], 34, 0), encode_batch("t", [m[5]], 35, due),
+               b"D\x00\x01t" + b"\x00" * 7,  # corrupt: logged and dropped
+               encode_batch("t", [m[6]], 36, 0), encode_batch("t", [m[7]], 37, 0)]
+    assert ring.put_many(records) == len(records)
+    assert inbound.drain() == len(records) and len(ring) == 0
+    assert calls == [("t", 3), ("u", 1), ("t", 1), ("t", 2)]
+    t = topics["t"]
+    assert t.channels["c"].queue.take(10)[1] == [m[i] for i in (0, 1, 2, 4, 6, 7)]
+    assert list(t.channels["c"].deferred_at) == [m[5][10:26]]  # its id: deferred, not ready
+    assert (t.message_count, t.message_bytes) == (7, 30 + 31 + 32 + 34 + 35 + 36 + 37)
+    assert inbound.received == 8

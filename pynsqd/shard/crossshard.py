@@ -49,6 +49,7 @@ import os
 import resource
 import struct
 import time
+from collections.abc import Sequence
 
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.crossrecord import decode_batch, encode_batch
@@ -190,6 +191,11 @@ class Outbound:
             seg.close()
 
 
+def _joins(item: tuple[str, Sequence[bytes], int, int] | None, topic: str) -> bool:
+    """``item`` (a decoded record) may be stored in one list with a plain batch for ``topic``."""
+    return item is not None and item[0] == topic and not item[3] and type(item[1]) is list
+
+
 class Inbound:
     """The rings other shards publish into for this shard; applies them to the broker."""
 
@@ -232,11 +238,7 @@ class Inbound:
                 batch = ring.peek_many(limit or DRAIN_BATCH)
                 if not batch:
                     break
-                done = 0
-                for data in batch:
-                    if not self._apply(data):
-                        break
-                    done += 1
+                done = self._apply_all(batch)
                 ring.consume(done)
                 applied += done
                 if done < len(batch):  # stays in the ring: retried, never dropped
@@ -250,14 +252,43 @@ class Inbound:
                            else self._loop.call_soon(self.drain))
         return applied
 
-    def _apply(self, data: bytes) -> bool:
+    def _apply_all(self, batch: list[bytes]) -> int:
+        """Store peeked records in order; how many were applied (the rest stay in the ring).
+
+        Consecutive plain records for one topic (not deferred, not framed) are stored as one
+        list: one ``Topic.put_many`` for the run rather than one per record. A cross-shard
+        ``/pub`` or ``PUB`` is a record of one message, and the call cost more than the
+        message did. The run is stored whole or not at all, as one record is."""
+        items: list[tuple[str, Sequence[bytes], int, int] | None] = []
+        for data in batch:
+            try:
+                items.append(decode_batch(data))
+            except (ValueError, struct.error) as exc:
+                log.error("inbound ring: dropping a corrupt record - %s", exc)
+                items.append(None)
+        done = 0
+        while done < len(items):
+            item = items[done]
+            end = done + 1
+            if item is None:
+                done = end
+                continue
+            topic, records, body_bytes, due = item
+            if not due and type(records) is list:
+                while end < len(items) and _joins(items[end], topic):
+                    if records is item[1]:
+                        records = list(records)
+                    records += items[end][1]  # type: ignore[index,operator]
+                    body_bytes += items[end][2]  # type: ignore[index]
+                    end += 1
+            if not self._store(topic, records, body_bytes, due):
+                break
+            done = end
+        return done
+
+    def _store(self, topic_name: str, records: Sequence[bytes], body_bytes: int, due: int) -> bool:
         """Store one batch; False when the owner cannot store it now (the batch stays in the
         ring, acknowledged: it is retried after ``STORE_RETRY``, and kept across an exit)."""
-        try:
-            topic_name, records, body_bytes, due = decode_batch(data)
-        except (ValueError, struct.error) as exc:
-            log.error("inbound ring: dropping a corrupt record - %s", exc)
-            return True
         broker = self.broker
         topic = broker.get_topic(topic_name)
         if not records:
