@@ -1,24 +1,46 @@
-"""uvicorn embedded in a daemon's own event loop, on a socket the daemon bound itself."""
+"""uvicorn embedded in a daemon's own event loop, on a socket the daemon bound itself or on
+connections accepted by another process (an nsqd shard's, ``supervisor/httpaccept.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import socket
 import ssl
 from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 
+log = logging.getLogger("pynsqd.http")
+
 
 class EmbeddedServer(uvicorn.Server):
     """uvicorn's server minus its signal handling: the daemon owns SIGTERM and SIGINT.
 
-    Serve with ``serve(sockets=[sock])`` in a task; stop with ``should_exit = True``."""
+    Serve with ``serve(sockets=[sock])`` in a task — or ``serve(sockets=[])`` and ``adopt``
+    each accepted connection; stop with ``should_exit = True`` (a graceful stop of every
+    connection, adopted ones too)."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def adopt(self, sock: socket.socket) -> None:
+        """Serve ``sock``, a connection accepted elsewhere, as if this server had accepted it
+        (over TLS when the server has a context). A failed TLS handshake only closes it."""
+        config = self.config
+        if not config.loaded:
+            config.load()
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(config=config, server_state=self.server_state)  # type: ignore[call-arg]
+
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(protocol, sock, ssl=config.ssl)
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            log.debug("connection dropped before it was served - %r", exc)
 
 
 def embedded_server(app: Any, ssl_context: ssl.SSLContext | None = None,

@@ -7,6 +7,7 @@ import asyncio
 import functools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from pynsqd.shm.segment import list_segments
@@ -418,7 +420,7 @@ def test_an_admin_call_whose_owner_shard_is_down_answers_500_internal_error(node
     failed = (500, b'{"message":"INTERNAL_ERROR"}', "nsq; version=1.0")
     pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1]["pid"]
 
-    os.kill(pid, signal.SIGSTOP)  # the only shard that can take the connection is shard 0
+    _stop(nsqd, 1, pid)  # the only shard that takes the connection is shard 0
     try:
         started = time.monotonic()
         assert _post(nsqd, f"/topic/pause?topic={topic}") == failed
@@ -436,6 +438,58 @@ def test_an_admin_call_whose_owner_shard_is_down_answers_500_internal_error(node
     wait_for(lambda: _post(nsqd, f"/channel/create?topic={topic}&channel=c")[0] == 200, 30,
              interval=0.2, what="the restarted owner answering again")
     assert get_json(nsqd, f"/stats?format=json&topic={topic}")["topics"][0]["paused"] is True
+
+
+def _stop(nsqd: Daemon, index: int, pid: int) -> None:
+    """SIGSTOP shard ``index``, then wait until the supervisor passes it over for new HTTP
+    connections (its loop silent for ``STALL_AFTER``)."""
+    os.kill(pid, signal.SIGSTOP)
+    nsqd.wait_for_log(rf"shard {index} \(pid {pid}\): loop silent for .* new HTTP connections go to the other shards",
+                      timeout=10)
+
+
+def _established(pid: int, port: int) -> int:
+    """Established TCP connections of process ``pid`` on local port ``port``."""
+    return sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
+               if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def test_http_connections_go_to_the_shards_in_turn_and_a_stalled_one_is_passed_over(node: NodeFactory) -> None:
+    """The supervisor accepts HTTP connections and hands them out in turn, so 6 keep-alive
+    connections end up 3 and 3. On a shared socket a burst of 50 split 50/0 in two runs of
+    six. A shard whose loop stops gets none, and every new connection is answered at once by
+    the other shard; once it beats again it gets its turn back."""
+    nsqd = node("--shards=2")
+    pids = [s["pid"] for s in get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"]]
+    info = b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n"  # answered by the shard that has the connection
+    socks = [socket.create_connection(nsqd.http, timeout=scaled(10)) for _ in range(6)]
+    try:
+        for sock in socks:
+            assert _http_exchange(sock, info)[0] == b"HTTP/1.1 200 OK"
+        wait_for(lambda: [_established(pid, nsqd.http[1]) for pid in pids] == [3, 3], 10,
+                 what="three connections at each shard")
+    finally:
+        for sock in socks:
+            sock.close()
+    _stop(nsqd, 1, pids[1])
+    try:
+        for _ in range(4):
+            with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
+                assert _http_exchange(sock, info)[0] == b"HTTP/1.1 200 OK"
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
+    nsqd.wait_for_log(rf"shard 1 \(pid {pids[1]}\): beating again", timeout=10)
+    socks = [socket.create_connection(nsqd.http, timeout=scaled(10)) for _ in range(2)]
+    try:
+        for sock in socks:
+            assert _http_exchange(sock, info)[0] == b"HTTP/1.1 200 OK"
+        wait_for(lambda: _established(pids[1], nsqd.http[1]) == 1, 10, what="shard 1 serving again")
+    finally:
+        for sock in socks:
+            sock.close()
+    assert get_json(nsqd, "/stats?format=json")["supervisor"]["http_handoffs"] >= 13
+    with urllib.request.urlopen(nsqd.http_url + "/metrics", timeout=scaled(10)) as resp:
+        assert re.search(rb"^nsq_supervisor_http_handoffs_total (1[4-9]|[2-9]\d)\.0$", resp.read(), re.M)
 
 
 def test_a_shard_whose_loop_stops_beating_is_killed_and_restarted(node: NodeFactory) -> None:
@@ -582,7 +636,7 @@ def test_http_publish_waits_for_room_in_a_full_inbound_ring_and_loses_nothing(no
     bodies = [b"\n".join(b"%d-%04d-" % (b, i) + b"y" * 4000 for i in range(1000)) for b in range(5)]
     requests = [b"POST /mpub?topic=%s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
                 % (topic.encode(), len(body), body) for body in bodies]
-    os.kill(pid, signal.SIGSTOP)
+    _stop(nsqd, owners(tmp_path)[topic], pid)
     try:
         with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
             for request in requests[:4]:

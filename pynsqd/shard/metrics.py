@@ -98,6 +98,7 @@ _SUPERVISOR = [  # (key of the "supervisor" stats object, metric name, kind, hel
     ("shards", "nsq_supervisor_shards", "gauge", "Shard processes of the node"),
     ("shard_restarts", "nsq_supervisor_shard_restarts", "counter", "Shard processes restarted"),
     ("handoffs", "nsq_supervisor_handoffs", "counter", "TCP connections handed to a shard"),
+    ("http_handoffs", "nsq_supervisor_http_handoffs", "counter", "HTTP and HTTPS connections handed to a shard"),
     ("relays", "nsq_supervisor_relays", "counter", "Connections relayed from one shard to another"),
     ("cross_shard_sent", "nsq_supervisor_cross_shard_messages", "counter",
      "Messages published on one shard for a topic another shard owns"),

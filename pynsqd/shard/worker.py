@@ -103,8 +103,6 @@ class ShardWorker:
         self.inbound = Inbound(opts.data_dir, self.index, self.shards, boot["wake_fds"][self.index], self.broker)
         self.broker.router = self
         self.heartbeat = mmap.mmap(boot["heartbeat_fd"], 0)
-        self.http_socket = socket.socket(fileno=boot["http_fd"]) if boot.get("http_fd") is not None else None
-        self.https_socket = socket.socket(fileno=boot["https_fd"]) if boot.get("https_fd") is not None else None
         self.tls_ctx = build_server_context(opts)  # the supervisor checked the files already
         self.control = ControlChannel(socket.socket(fileno=boot["control_fd"]), self._on_control,
                                       f"shard {self.index}")
@@ -119,7 +117,7 @@ class ShardWorker:
         self._https_task: asyncio.Task[None] | None = None
         self._beat: asyncio.TimerHandle | None = None
         self.app = NsqdHTTP(self.broker, opts, self.info(), self._persist, self._set_lookupd)
-        if self.https_socket is not None and opts.tls_required == "true":
+        if boot.get("https") and opts.tls_required == "true":
             self.app.tls_required_port = boot["https_port"]
         self.node_http = NodeHTTP(self.app, self)
 
@@ -173,6 +171,8 @@ class ShardWorker:
         op = msg.get("op")
         if op == "adopt":
             self._adopt(msg, payload, fds)
+        elif op == "serve_http":
+            self._serve_http(bool(msg.get("tls")), fds)
         elif op == "stats":
             self.inbound.drain(None)
             doc = node_stats(self.broker, msg.get("topic", ""), msg.get("channel", ""),
@@ -200,7 +200,7 @@ class ShardWorker:
             task.add_done_callback(_log_failure)
         elif op == "exit":
             self._stop.set()
-        for fd in fds if op != "adopt" else []:
+        for fd in fds if op not in ("adopt", "serve_http") else []:
             os.close(fd)
 
     def _adopt(self, msg: dict[str, Any], payload: bytes, fds: list[int]) -> None:
@@ -216,6 +216,20 @@ class ShardWorker:
         loop = asyncio.get_running_loop()
         task = loop.create_task(loop.connect_accepted_socket(
             lambda: ClientV2(self.broker, self.opts, self.tls_ctx, (msg.get("state") or {}, payload)), sock))
+        task.add_done_callback(_log_failure)
+
+    def _serve_http(self, tls: bool, fds: list[int]) -> None:
+        """An HTTP (``tls``: HTTPS) connection the supervisor accepted (``supervisor/httpaccept.py``)."""
+        for extra in fds[1:]:
+            os.close(extra)
+        if not fds:
+            return
+        sock = socket.socket(fileno=fds[0])
+        server = self._https_server if tls else self._http_server
+        if server is None or server.should_exit:  # stopping: the client will reconnect elsewhere
+            sock.close()
+            return
+        task = asyncio.get_running_loop().create_task(server.adopt(sock))
         task.add_done_callback(_log_failure)
 
     async def _proxied(self, chan: ControlChannel, msg: dict[str, Any], body: bytes) -> None:
@@ -255,12 +269,13 @@ class ShardWorker:
         self.broker.start(loop)
         self.broker.on_change = self._changed
         self.inbound.start(loop)
-        if self.http_socket is not None:
+        # no listening sockets: the supervisor hands each connection over (``serve_http``)
+        if self.boot.get("http"):
             self._http_server = embedded_server(self.node_http, http=http_protocol(self.app))
-            self._http_task = loop.create_task(self._http_server.serve(sockets=[self.http_socket]))
-        if self.https_socket is not None:
+            self._http_task = loop.create_task(self._http_server.serve(sockets=[]))
+        if self.boot.get("https"):
             self._https_server = embedded_server(self.node_http, self.tls_ctx, http_protocol(self.app))
-            self._https_task = loop.create_task(self._https_server.serve(sockets=[self.https_socket]))
+            self._https_task = loop.create_task(self._https_server.serve(sockets=[]))
         self._send_snapshot()
         self.control.send({"op": "ready", "pid": os.getpid()})
         try:

@@ -10,10 +10,11 @@ HTTP, create the inbound rings (``shard/crossshard.py``), one heartbeat page and
 per shard.
 
 ``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
-interpreter, never a fork of a running loop) with the listening HTTP socket and the rest
-passed as inherited descriptors, waits until each says ``ready``, announces the listeners,
-accepts TCP connections and hands each to its shard (``handoff.py``), and keeps the node's
-single lookupd registration and ``nsqd.dat`` from the snapshots the shards send.
+interpreter, never a fork of a running loop) with their descriptors inherited, waits until
+each says ``ready``, announces the listeners, accepts TCP connections and hands each to its
+shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
+turn (``httpaccept.py``), and keeps the node's single lookupd registration and ``nsqd.dat``
+from the snapshots the shards send.
 
 Signal handlers only enqueue (SIGTERM, SIGINT); the loop drains the queue into ``exit``.
 uvloop reserves SIGCHLD, so instead every ``TICK`` the loop reaps (``handle_chld``) and
@@ -63,9 +64,10 @@ from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.aggregate import merge_stats
 from pynsqd.supervisor.control import PROXY_WAIT, ControlChannel, channel_pair
 from pynsqd.supervisor.handoff import greet
+from pynsqd.supervisor.httpaccept import HTTPAcceptor
 from pynsqd.supervisor.placement import Placement
 from pynsqd.supervisor.registration import Registration
-from pynsqd.supervisor.slots import BOOT_ERROR, ENV, Slot
+from pynsqd.supervisor.slots import BOOT_ERROR, ENV, STALL_AFTER, Slot
 from pynsqd.wire.lookup import IdentifyInfo
 from pynsqd.wire.names import is_ephemeral, is_valid_name
 
@@ -111,6 +113,7 @@ class Supervisor:
         self._sweep_segments(topics, keep)
         self.wake_fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(shards)]
         self.slots = [Slot(i) for i in range(shards)]
+        self.http_acceptor = HTTPAcceptor(self.slots)
         self.registration = Registration(self.identity, self.registrations, opts.max_body_size)
         self.start_time = int(time.time())
         self.handoffs = 0
@@ -183,11 +186,9 @@ class Supervisor:
                 "opts": dataclasses.asdict(self.opts), "start_time": self.start_time,
                 "tcp_port": self.tcp_port, "http_port": self.http_port,
                 "control_fd": there.fileno(), "heartbeat_fd": slot.heartbeat_fd,
-                "http_fd": self.http_socket.fileno() if self.http_socket else None,
-                "https_fd": self.https_socket.fileno() if self.https_socket else None,
+                "http": self.http_socket is not None, "https": self.https_socket is not None,
                 "https_port": self.https_port, "wake_fds": self.wake_fds}
         fds = [there.fileno(), slot.heartbeat_fd, *self.wake_fds]
-        fds += [s.fileno() for s in (self.http_socket, self.https_socket) if s is not None]
         env = dict(os.environ)
         env[ENV] = orjson.dumps(boot).decode()
         for fd in fds:
@@ -234,6 +235,8 @@ class Supervisor:
     def murder(self, now: float) -> None:
         """Kill shards whose loop stopped beating; restart due ones."""
         for slot in self.slots:
+            if slot.pid and slot.is_ready:
+                self._check_stall(slot, now - slot.last_beat())
             if slot.pid and slot.is_ready and now - slot.last_beat() > SHARD_TIMEOUT:
                 if slot.abort_sent is None:
                     log.error("shard %d (pid %d): no heartbeat for %.1fs - SIGABRT", slot.index,
@@ -247,6 +250,18 @@ class Supervisor:
                 slot.respawn_at = None
                 slot.restarts += 1
                 self.spawn(slot)
+
+    @staticmethod
+    def _check_stall(slot: Slot, quiet: float) -> None:
+        """A shard silent for ``STALL_AFTER`` gets no new HTTP connections until it beats
+        again (``httpaccept.py``); one silent for ``SHARD_TIMEOUT`` is killed (``murder``)."""
+        if quiet > STALL_AFTER and not slot.stalled:
+            slot.stalled = True
+            log.warning("shard %d (pid %d): loop silent for %.1fs - new HTTP connections go to the other shards",
+                        slot.index, slot.pid, quiet)
+        elif quiet <= STALL_AFTER and slot.stalled:
+            slot.stalled = False
+            log.info("shard %d (pid %d): beating again", slot.index, slot.pid)
 
     # --- control messages from shards ---------------------------------------------------------
     def _on_control(self, chan: ControlChannel, msg: dict[str, Any], payload: bytes, fds: list[int]) -> None:
@@ -367,7 +382,7 @@ class Supervisor:
                             lambda: self.node_stats({"include_clients": False}))
 
     def stats(self) -> dict[str, Any]:
-        return {"shards": self.shards, "handoffs": self.handoffs,
+        return {"shards": self.shards, "handoffs": self.handoffs, "http_handoffs": self.http_acceptor.handed,
                 "shard_restarts": sum(s.restarts for s in self.slots),
                 "shard_status": [{"shard": s.index, "pid": s.pid, "ready": s.is_ready,
                                   "restarts": s.restarts} for s in self.slots]}
@@ -430,6 +445,9 @@ class Supervisor:
             log.info("HTTP: listening on %s", describe(self.http_socket))
         if self.https_socket is not None:
             log.info("HTTPS: listening on %s", describe(self.https_socket))
+        for listener, tls in ((self.http_socket, False), (self.https_socket, True)):
+            if listener is not None:
+                self._spawn_task(self.http_acceptor.serve(listener, tls))
         if self.opts.statsd_address:
             self._spawn_task(self._statsd().run())
         self.registration.set_addresses(self.opts.lookupd_tcp_address)
@@ -450,9 +468,11 @@ class Supervisor:
         deadline = started + SHUTDOWN_DEADLINE
         if self._accept_task is not None:
             self._accept_task.cancel()
-        self.tcp_socket.close()
-        for task in list(self._tasks):
+        for task in list(self._tasks):  # the HTTP and HTTPS acceptors too
             task.cancel()
+        for listener in (self.tcp_socket, self.http_socket, self.https_socket):
+            if listener is not None:
+                listener.close()
         live = [s for s in self.slots if s.pid and s.channel is not None and not s.channel.closed]
         fin_wait = min(FIN_WAIT, SHUTDOWN_DEADLINE / 4)
         quiesce = [s.channel.call({"op": "quiesce", "wait": fin_wait}, wait=max(0.1, deadline - time.monotonic()))

@@ -21,6 +21,7 @@ from pynsqd.supervisor.control import ControlChannel
 BOOT_ERROR = 3  # exit status: this worker cannot start; do not respawn (gunicorn's 3 too)
 ENV = "PYNSQD_WORKER"  # the environment variable naming a spawned process as a worker
 
+STALL_AFTER = 1.5  # seconds without a beat before a shard gets no new HTTP connections (it beats every 0.5)
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 10.0
 STABLE_AFTER = 10.0
@@ -39,6 +40,7 @@ class Slot:
         self.started = 0.0
         self.respawn_at: float | None = None
         self.abort_sent: float | None = None
+        self.stalled = False  # no beat for STALL_AFTER: alive, but its loop is not turning
         self._quick_deaths = 0
         self.heartbeat_fd = os.memfd_create(f"pynsqd-heartbeat-{index}", os.MFD_CLOEXEC)
         os.ftruncate(self.heartbeat_fd, mmap.PAGESIZE)
@@ -48,8 +50,14 @@ class Slot:
     def is_ready(self) -> bool:
         return self.ready.is_set()
 
+    @property
+    def takes_connections(self) -> bool:
+        """Ready, reachable and beating: a new connection handed to it will be served now."""
+        return self.is_ready and not self.stalled and self.channel is not None and not self.channel.closed
+
     def reset_heartbeat(self) -> None:
         _SLOT.pack_into(self._beat, 0, time.monotonic())
+        self.stalled = False
 
     def last_beat(self) -> float:
         return float(_SLOT.unpack_from(self._beat, 0)[0])
@@ -59,6 +67,7 @@ class Slot:
         self.pid = 0
         self.ready.clear()
         self.abort_sent = None
+        self.stalled = False
         if self.channel is not None:
             self.channel.close()
             self.channel = None
