@@ -1,4 +1,4 @@
-"""The HTTP API of a multi-shard node, served by every shard on the shared listening socket.
+"""The HTTP API of a multi-shard node, served by every shard on the connections handed to it.
 
 Theory of operation
 -------------------

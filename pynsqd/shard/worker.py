@@ -4,10 +4,9 @@ Theory of operation
 -------------------
 The supervisor spawns each worker (a fresh interpreter, never a fork of a running loop) with
 everything it needs as inherited file descriptors named in ``PYNSQD_WORKER`` (JSON): its end
-of the control socketpair, the HTTP listening socket (shared by every shard: the kernel
-spreads accepted connections), the heartbeat memory and one eventfd per shard (wake-ups for
-the inbound rings). The options come resolved in the same JSON, so a worker never re-reads
-flags or config files.
+of the control socketpair, the heartbeat memory and one eventfd per shard (wake-ups for the
+inbound rings). It has no listening socket: the supervisor accepts every connection. The
+options come resolved in the same JSON, so a worker never re-reads flags or config files.
 
 Boot: die with the parent (``PR_SET_PDEATHSIG``), build the ``Broker`` with this shard's
 index (message ids carry it), restore the topics of ``nsqd.dat`` this shard owns — each
@@ -17,9 +16,12 @@ rings, drain what the inbound rings still hold, serve HTTP, then tell
 the supervisor ``ready``. Any failure before that exits with ``BOOT_ERROR`` after one line on
 stderr, which stops the supervisor's respawn loop.
 
-Serving: connections arrive as ``adopt`` messages (fd + state + unread bytes) and become
-``ClientV2`` protocols via ``connect_accepted_socket``. Every second the loop writes a
-timestamp into the heartbeat slot; a loop that stops beating is killed by the supervisor.
+Serving: TCP connections arrive as ``adopt`` messages (fd + state + unread bytes) and become
+``ClientV2`` protocols via ``connect_accepted_socket``. HTTP and HTTPS connections arrive as
+``serve_http`` messages (fd), handed out in turn (``supervisor/httpaccept.py``), and are
+served by the embedded uvicorn (``EmbeddedServer.adopt``). Every ``HEARTBEAT_EVERY`` the loop
+writes a timestamp into the heartbeat slot. A loop silent for 1.5 s gets no new HTTP
+connections; one that stops beating for ``PYNSQD_SHARD_TIMEOUT`` is killed by the supervisor.
 
 Exit (``quiesce`` then ``exit`` from the supervisor, or SIGTERM when run alone): stop
 delivering (every consumer is put in CLS's closing state), wait a bounded time for the
