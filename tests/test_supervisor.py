@@ -492,6 +492,29 @@ def test_http_connections_go_to_the_shards_in_turn_and_a_stalled_one_is_passed_o
         assert re.search(rb"^nsq_supervisor_http_handoffs_total (1[4-9]|[2-9]\d)\.0$", resp.read(), re.M)
 
 
+def test_while_every_shard_is_stalled_an_http_connection_waits_and_is_then_served(node: NodeFactory) -> None:
+    """One shard, stopped: the supervisor hands the connection to nobody (it is not lost
+    either). The request waits, and is answered once the shard beats again."""
+    nsqd = node("--shards=1")
+    pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][0]["pid"]
+    _stop(nsqd, 0, pid)
+    try:
+        with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
+            sock.sendall(b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.settimeout(1.0)
+            with pytest.raises(TimeoutError):
+                sock.recv(65536)
+            os.kill(pid, signal.SIGCONT)
+            sock.settimeout(scaled(10))
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += sock.recv(65536) or b"!"
+            assert data.startswith(b"HTTP/1.1 200 OK")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert get_json(nsqd, "/stats?format=json")["supervisor"]["http_handoffs"] >= 3
+
+
 def test_a_shard_whose_loop_stops_beating_is_killed_and_restarted(node: NodeFactory) -> None:
     nsqd = node("--shards=2", env={"PYNSQD_SHARD_TIMEOUT": "1"})
     pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1]["pid"]

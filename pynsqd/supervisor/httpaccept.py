@@ -62,9 +62,11 @@ class HTTPAcceptor:
         its ``ready``; stalled: polled every ``STALL_POLL``)."""
         while (slot := self._take_turn()) is None:
             waits = [asyncio.ensure_future(s.ready.wait()) for s in self.slots if not s.is_ready]
+            if not waits:  # all ready, all stalled
+                await asyncio.sleep(STALL_POLL)
+                continue
             try:
-                await asyncio.wait(waits or [asyncio.ensure_future(asyncio.sleep(STALL_POLL))],
-                                   timeout=STALL_POLL, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waits, timeout=STALL_POLL, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for w in waits:
                     w.cancel()
