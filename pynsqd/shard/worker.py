@@ -221,18 +221,15 @@ class ShardWorker:
         task.add_done_callback(_log_failure)
 
     def _serve_http(self, tls: bool, fds: list[int]) -> None:
-        """An HTTP (``tls``: HTTPS) connection the supervisor accepted (``supervisor/httpaccept.py``)."""
-        for extra in fds[1:]:
-            os.close(extra)
-        if not fds:
-            return
-        sock = socket.socket(fileno=fds[0])
+        """HTTP (``tls``: HTTPS) connections the supervisor accepted (``supervisor/httpaccept.py``)."""
         server = self._https_server if tls else self._http_server
-        if server is None or server.should_exit:  # stopping: the client will reconnect elsewhere
-            sock.close()
-            return
-        task = asyncio.get_running_loop().create_task(server.adopt(sock))
-        task.add_done_callback(_log_failure)
+        loop = asyncio.get_running_loop()
+        for fd in fds:
+            sock = socket.socket(fileno=fd)
+            if server is None or server.should_exit:  # stopping: the client will reconnect elsewhere
+                sock.close()
+                continue
+            loop.create_task(server.adopt(sock)).add_done_callback(_log_failure)
 
     async def _proxied(self, chan: ControlChannel, msg: dict[str, Any], body: bytes) -> None:
         status, headers, out = await run_local(self.app, msg, body)

@@ -445,13 +445,13 @@ class Supervisor:
             log.info("HTTP: listening on %s", describe(self.http_socket))
         if self.https_socket is not None:
             log.info("HTTPS: listening on %s", describe(self.https_socket))
+        loop = asyncio.get_running_loop()
         for listener, tls in ((self.http_socket, False), (self.https_socket, True)):
             if listener is not None:
-                self._spawn_task(self.http_acceptor.serve(listener, tls))
+                self.http_acceptor.start(loop, listener, tls)
         if self.opts.statsd_address:
             self._spawn_task(self._statsd().run())
         self.registration.set_addresses(self.opts.lookupd_tcp_address)
-        loop = asyncio.get_running_loop()
         self.tcp_socket.setblocking(False)
         while True:
             conn, addr = await loop.sock_accept(self.tcp_socket)
@@ -468,7 +468,8 @@ class Supervisor:
         deadline = started + SHUTDOWN_DEADLINE
         if self._accept_task is not None:
             self._accept_task.cancel()
-        for task in list(self._tasks):  # the HTTP and HTTPS acceptors too
+        self.http_acceptor.stop()
+        for task in list(self._tasks):
             task.cancel()
         for listener in (self.tcp_socket, self.http_socket, self.https_socket):
             if listener is not None:

@@ -10,11 +10,12 @@ a client's pool or a 50-connection benchmark, then landed unevenly. ``wrk -c50``
 2-shard node split 50/0, 38/12, 24/26, 31/19, 50/0 and 38/12 in six runs, and one core
 served what two should.
 
-``HTTPAcceptor.serve`` accepts here instead and sends each connection to the next ready
-shard, round robin, as an ``SCM_RIGHTS`` descriptor on its control channel (``serve_http``;
-the shard's ``EmbeddedServer.adopt`` serves it). Shards then differ by at most one
-connection. A connection costs the supervisor one ``accept`` and one ``sendmsg``; its
-requests never pass through the supervisor. While no shard takes connections, nothing is
+``HTTPAcceptor`` accepts here instead and sends each connection to the next ready shard,
+round robin, as an ``SCM_RIGHTS`` descriptor on its control channel (``serve_http``; the
+shard's ``EmbeddedServer.adopt`` serves it). Shards then differ by at most one connection.
+Each wake-up accepts what is queued and sends each shard its share in one message, so a
+connection costs the supervisor about one ``accept``; its requests never pass through the
+supervisor. While no shard takes connections, nothing is
 accepted: new connections wait in the kernel's backlog, as they did before.
 
 A shard takes connections when it is ready, reachable and beating (``Slot.takes_connections``).
@@ -38,6 +39,7 @@ log = logging.getLogger("pynsqd.supervisor")
 
 STALL_POLL = 0.2  # seconds between looks while every shard is booting or stalled
 ACCEPT_RETRY = 0.1  # seconds to wait after accept fails for lack of descriptors or memory
+ACCEPT_BATCH = 64  # connections accepted per wake-up at most (one control message per shard)
 _TRANSIENT = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR}
 
 
@@ -48,50 +50,77 @@ class HTTPAcceptor:
         self.slots = slots
         self.handed = 0
         self._next = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listening: dict[int, tuple[socket.socket, bool]] = {}  # fd → (listener, tls)
+        self._paused: dict[int, asyncio.TimerHandle] = {}
 
-    def _take_turn(self) -> Slot | None:
-        for _ in range(len(self.slots)):
-            slot = self.slots[self._next % len(self.slots)]
-            self._next += 1
-            if slot.takes_connections:
-                return slot
+    def _turn(self) -> int | None:
+        """Index of the next shard in turn that takes connections (the turn is not used up)."""
+        for step in range(len(self.slots)):
+            index = (self._next + step) % len(self.slots)
+            if self.slots[index].takes_connections:
+                return index
         return None
 
-    async def next_slot(self) -> Slot:
-        """The next shard in turn that takes connections; waits while none does (booting:
-        its ``ready``; stalled: polled every ``STALL_POLL``)."""
-        while (slot := self._take_turn()) is None:
-            waits = [asyncio.ensure_future(s.ready.wait()) for s in self.slots if not s.is_ready]
-            if not waits:  # all ready, all stalled
-                await asyncio.sleep(STALL_POLL)
-                continue
-            try:
-                await asyncio.wait(waits, timeout=STALL_POLL, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-        return slot
-
-    async def serve(self, listener: socket.socket, tls: bool) -> None:
-        """Accept from ``listener`` until cancelled (``tls``: it is the HTTPS listener)."""
-        loop = asyncio.get_running_loop()
+    def start(self, loop: asyncio.AbstractEventLoop, listener: socket.socket, tls: bool) -> None:
+        """Accept from ``listener`` (``tls``: it is the HTTPS listener) until ``stop``."""
+        self._loop = loop
         listener.setblocking(False)
-        while True:
-            slot = await self.next_slot()  # before accepting: none ready, none accepted
+        self._listening[listener.fileno()] = (listener, tls)
+        loop.add_reader(listener.fileno(), self._readable, listener.fileno())
+
+    def stop(self) -> None:
+        for fd in self._listening:
+            if fd in self._paused:
+                self._paused.pop(fd).cancel()
+            elif self._loop is not None:
+                self._loop.remove_reader(fd)
+        self._listening.clear()
+
+    def _pause(self, fd: int, delay: float) -> None:
+        """Stop reading ``fd`` for ``delay`` seconds; connections wait in the backlog."""
+        assert self._loop is not None
+        self._loop.remove_reader(fd)
+        self._paused[fd] = self._loop.call_later(delay, self._resume, fd)
+
+    def _resume(self, fd: int) -> None:
+        self._paused.pop(fd, None)
+        if fd in self._listening and self._loop is not None:
+            self._loop.add_reader(fd, self._readable, fd)
+            self._readable(fd)
+
+    def _readable(self, fd: int) -> None:
+        """Accept what is queued (up to ``ACCEPT_BATCH``), then send each shard its share in
+        one control message: a connection costs one ``accept``, the batch one ``sendmsg``."""
+        listener, tls = self._listening[fd]
+        shares: dict[int, list[socket.socket]] = {}
+        for _ in range(ACCEPT_BATCH):
+            index = self._turn()
+            if index is None:  # every shard booting or stalled: look again later
+                self._pause(fd, STALL_POLL)
+                break
             try:
-                conn, _ = await loop.sock_accept(listener)
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                break
             except OSError as exc:
                 if exc.errno not in _TRANSIENT:
                     log.error("%s: accept failed - %s", "HTTPS" if tls else "HTTP", exc)
-                    await asyncio.sleep(ACCEPT_RETRY)
+                    self._pause(fd, ACCEPT_RETRY)
+                    break
                 continue
+            shares.setdefault(index, []).append(conn)
+            self._next = index + 1
+        for index, conns in shares.items():
+            channel = self.slots[index].channel
             try:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if not slot.takes_connections:  # died or stalled while we waited
-                    slot = await self.next_slot()
-                slot.channel.send({"op": "serve_http", "tls": tls}, b"", [conn.fileno()])  # type: ignore[union-attr]
-                self.handed += 1
+                if channel is None:
+                    raise ConnectionError(f"shard {index} has no control channel")
+                channel.send({"op": "serve_http", "tls": tls}, b"", [c.fileno() for c in conns])
+                self.handed += len(conns)
             except OSError as exc:  # ConnectionError: the channel closed
-                log.warning("%s: connection not handed to a shard - %s", "HTTPS" if tls else "HTTP", exc)
+                log.warning("%s: %d connection(s) not handed to shard %d - %s", "HTTPS" if tls else "HTTP",
+                            len(conns), index, exc)
             finally:
-                conn.close()  # the channel sent a duplicate
+                for conn in conns:
+                    conn.close()  # the channel sent duplicates
