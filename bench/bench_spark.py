@@ -1,6 +1,7 @@
 """Spark ↔ NSQ throughput: the ``nsq`` streaming source and the ``nsq`` sink, rows/s.
 
     .venv/bin/python bench/bench_spark.py [--messages 300000] [--rows 1000000] [--repeat 3] [--only source]
+                                          [--source nsq|simple|both]
 
 source: N messages are published to a fresh nsqd (``--max-rdy-count`` raised so a batch can
 stay in flight until the next one commits it; the shared-memory log sized so the backlog
@@ -8,9 +9,11 @@ stays in memory) into a channel that already exists (``--new-channel``: before i
 then one streaming query reads them with ``format("nsq")`` into the ``noop`` sink (or Parquet
 with ``--parquet``). ``rows_s``: the clock runs from ``start()`` until nsqd reports every
 message FINed (so it includes the query's start-up and the commit of the last batch);
-``steady_rows_s``: from the first FIN seen to the last. sink: ``spark.range(rows)`` as string
-bodies written with ``format("nsq")``; the clock runs until ``save()`` returned (every MPUB
-confirmed). One local[2] SparkSession for every run; its start-up, the first query's Python
+``steady_rows_s``: from the first FIN seen to the last. ``simple``: the same run through the
+baseline ``SimpleDataSourceStreamReader`` (``simple_source.py``: rows built in the driver-side
+runner), on the same node and session, alternating which source goes first. sink:
+``spark.range(rows)`` as string bodies written with ``format("nsq")``; the clock runs until
+``save()`` returned (every MPUB confirmed). One local[2] SparkSession for every run; its start-up, the first query's Python
 start-up and the JVM's JIT compilation of Spark's code are excluded by unmeasured warm-up runs
 of ``--warmup`` messages (default: as many as a measured run), repeated until
 ``--warmup-secs`` (60) have passed: a streaming pipeline runs for hours, and the compilers
@@ -40,6 +43,9 @@ from pynsqd.spark import trace
 
 def session(java_options: str, confs: list[str]) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Spark's Python workers unpickle the baseline source by module name: bench.simple_source
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
@@ -79,14 +85,16 @@ def publish(tcp: int, topic: str, n: int, size: int) -> None:
             producer.multi_publish(topic, [body] * min(10_000, n - start))
 
 
-def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic: str, tmp: str) -> Figures:
+def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic: str, tmp: str,
+               fmt: str = "nsq") -> Figures:
     """rows/s from ``start()`` until every message was FINed, and in the steady state (from the
-    first FIN seen to the last: query start-up excluded), and the number of micro-batches."""
+    first FIN seen to the last: query start-up excluded), and the number of micro-batches.
+    ``fmt``: ``nsq``, or ``nsq_simple`` for the simple-reader baseline (``simple_source.py``)."""
     if not args.new_channel:  # a consumer group that exists: the backlog waits in its channel
         for what, params in (("topic", {"topic": topic}), ("channel", {"topic": topic, "channel": "bench"})):
             _HTTP.post(f"http://127.0.0.1:{http}/{what}/create", params=params).raise_for_status()
     publish(tcp, topic, args.messages, args.size)
-    df = (spark.readStream.format("nsq").option("nsqdTCPAddresses", f"127.0.0.1:{tcp}").option("topic", topic)
+    df = (spark.readStream.format(fmt).option("nsqdTCPAddresses", f"127.0.0.1:{tcp}").option("topic", topic)
           .option("channel", "bench").option("maxBatch", str(args.max_batch))
           .option("maxInFlight", str(3 * args.max_batch)).option("partitions", str(args.partitions))
           .option("minBatch", str(args.min_batch)).load())
@@ -147,6 +155,9 @@ def main() -> None:
     parser.add_argument("--parquet", action="store_true", help="source into Parquet instead of noop")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=["source", "sink"], help="measure one side only")
+    parser.add_argument("--source", choices=["nsq", "simple", "both"], default="both",
+                        help="which source to measure: the nsq source, the SimpleDataSourceStreamReader "
+                             "baseline (bench/simple_source.py), or both in each run (the default)")
     parser.add_argument("--trigger-ms", type=int, default=0,
                         help="source: a processingTime trigger (default: the next batch as soon as one ends)")
     parser.add_argument("--java-options", default="",
@@ -179,12 +190,18 @@ def main() -> None:
                                  f"--mem-queue-size={max(1_000_000, held)}", f"--mem-queue-bytes={log_bytes}")
     started = time.monotonic()
     spark = session(args.java_options, args.conf)
+    from bench.simple_source import register
+
+    register(spark)
+    sources = {"nsq": [("source", "nsq")], "simple": [("simple", "nsq_simple")],
+               "both": [("source", "nsq"), ("simple", "nsq_simple")]}[args.source]
     counter = iter(range(1_000_000))
     try:
         warm = argparse.Namespace(**{**vars(args), "messages": args.warmup, "rows": min(args.rows, args.warmup)})
         for n in itertools.count():  # until --warmup-secs have passed, at least once
             if args.only != "sink":
-                source_run(spark, warm, tcp, http, f"warm{n}", tmp)
+                for key, fmt in sources:
+                    source_run(spark, warm, tcp, http, f"warm{key}{n}", tmp, fmt)
             if args.only != "source":
                 sink_run(spark, warm, tcp, f"warmsink{n}")
             if time.monotonic() - started >= args.warmup_secs:
@@ -194,7 +211,8 @@ def main() -> None:
             n = next(counter)
             figures: Figures = {}
             if a.only != "sink":
-                figures["source"] = source_run(spark, a, tcp, http, f"src{n}", tmp)
+                for key, fmt in sources[::-1] if n % 2 else sources:  # alternate which goes first
+                    figures[key] = source_run(spark, a, tcp, http, f"{key}{n}", tmp, fmt)
             if a.only != "source":
                 snk = sink_run(spark, a, tcp, f"sink{n}")
                 figures["sink"] = {"rows_s": a.rows / snk, "MB_s": a.rows * a.size / snk / 1e6, "secs": snk}

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
@@ -45,8 +46,8 @@ def addr(nsqd: Daemon) -> str:
     return f"{host}:{port}"
 
 
-def stream(spark: Any, nsqd: Daemon, topic: str, channel: str, **options: Any) -> Any:
-    reader = (spark.readStream.format("nsq").option("nsqdTCPAddresses", addr(nsqd))
+def stream(spark: Any, nsqd: Daemon, topic: str, channel: str, fmt: str = "nsq", **options: Any) -> Any:
+    reader = (spark.readStream.format(fmt).option("nsqdTCPAddresses", addr(nsqd))
               .option("topic", topic).option("channel", channel))
     for key, value in options.items():
         reader = reader.option(key, str(value))
@@ -141,6 +142,45 @@ def test_source_stopped_mid_stream_and_restarted_on_its_checkpoint_loses_nothing
     result = committed(spark, out)
     assert result.select("id").distinct().count() == total  # ids are stable across redelivery
     assert {bytes(r.body) for r in result.select("body").distinct().collect()} == {b"o%05d" % i for i in range(total)}
+
+
+def test_the_simple_reader_baseline_gives_exactly_the_rows_of_the_nsq_source(
+        spark: Any, nsqd_factory: Callable[..., Daemon]) -> None:
+    """``bench_spark.py`` compares the ``nsq`` source with a ``SimpleDataSourceStreamReader``
+    (``bench/simple_source.py``) that decodes in Python: the comparison holds only if both read
+    the same rows, and it cross-checks the executors' Arrow decoding against Python's."""
+    from bench.simple_source import register
+
+    register(spark)
+    nsqd = nsqd_factory()
+    total = 3000
+    bodies = [b"b%04d\n\x00\xff" % i + bytes(range(i % 50)) for i in range(total)]
+    httpx.post(f"{nsqd.http_url}/topic/create", params={"topic": "twice"}).raise_for_status()
+    for channel in ("arrow", "simple"):  # both before publishing: each gets every message
+        httpx.post(f"{nsqd.http_url}/channel/create", params={"topic": "twice", "channel": channel}).raise_for_status()
+    publish(nsqd, "twice", bodies)
+    queries = []
+    try:
+        for fmt, channel in (("nsq", "arrow"), ("nsq_simple", "simple")):
+            df = stream(spark, nsqd, "twice", channel, fmt, maxBatch=1000, maxInFlight=2500)
+            queries.append(df.writeStream.format("memory").queryName(f"twice_{channel}").start())
+        for channel in ("arrow", "simple"):
+            wait_for(lambda c=channel: channel_stats(nsqd, "twice", c).get("finish_count") == total, timeout=90,
+                     what=f"every message FINed on {channel}")
+        for query in queries:
+            assert query.exception() is None
+    finally:
+        for query in queries:
+            query.stop()
+
+    def rows(channel: str) -> list[tuple]:
+        got = spark.sql(f"SELECT * FROM twice_{channel}").collect()
+        assert {r.channel for r in got} == {channel}
+        return sorted((r.id, r.attempts, r.timestamp, bytes(r.body), r.nsqd, r.topic) for r in got)
+
+    arrow, simple = rows("arrow"), rows("simple")
+    assert len(arrow) == total and sorted(r[3] for r in arrow) == sorted(bodies)
+    assert simple == arrow
 
 
 def test_available_now_run_ends_with_every_message_committed_and_touch_keeps_a_slow_batch_alive(
