@@ -4,21 +4,21 @@
                                           [--source nsq|simple|both]
 
 source: N messages are published to a fresh nsqd (``--max-rdy-count`` raised so a batch can
-stay in flight until the next one commits it; the shared-memory log sized so the backlog
-stays in memory) into a channel that already exists (``--new-channel``: before it exists),
-then one streaming query reads them with ``format("nsq")`` into the ``noop`` sink (or Parquet
-with ``--parquet``). ``rows_s``: the clock runs from ``start()`` until nsqd reports every
-message FINed (so it includes the query's start-up and the commit of the last batch);
+stay in flight until the next one commits it; the shared-memory log sized so the backlog stays
+in memory) into a channel that already exists (``--new-channel``: before it exists), then one
+streaming query reads them with ``format("nsq")`` into the ``noop`` sink (or Parquet with
+``--parquet``). ``rows_s``: the clock runs from ``start()`` until nsqd reports every message
+FINed (so it includes the query's start-up and the commit of the last batch);
 ``steady_rows_s``: from the first FIN seen to the last. ``simple``: the same run through the
 baseline ``SimpleDataSourceStreamReader`` (``simple_source.py``: rows built in the driver-side
 runner), on the same node and session, alternating which source goes first. sink:
 ``spark.range(rows)`` as string bodies written with ``format("nsq")``; the clock runs until
-``save()`` returned (every MPUB confirmed). One local[2] SparkSession for every run; its start-up, the first query's Python
-start-up and the JVM's JIT compilation of Spark's code are excluded by unmeasured warm-up runs
-of ``--warmup`` messages (default: as many as a measured run), repeated until
-``--warmup-secs`` (60) have passed: a streaming pipeline runs for hours, and the compilers
-settle only after a minute or two. ``PYNSQD_SPARK_TRACE=dir`` on the
-command line traces the source (``bench/spark_timeline.py dir``).
+``save()`` returned (every MPUB confirmed). One local[2] SparkSession for every run; its
+start-up, the first query's Python start-up and the JVM's JIT compilation of Spark's code are
+excluded by unmeasured warm-up runs of ``--warmup`` messages (default: as many as a measured
+run), repeated until ``--warmup-secs`` (60) have passed: a streaming pipeline runs for hours,
+and the compilers settle only after a minute or two. ``PYNSQD_SPARK_TRACE=dir`` on the command
+line traces the source (``bench/spark_timeline.py dir``).
 """
 
 from __future__ import annotations

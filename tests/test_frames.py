@@ -16,7 +16,7 @@ import pytest
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.crossrecord import FRAMED_MIN, decode_batch, encode_batch
-from pynsqd.shard.crossshard import Inbound, create_rings, release_rings, ring_name
+from pynsqd.shard.crossshard import DRAIN_BYTES, Inbound, create_rings, release_rings, ring_name
 from pynsqd.shard.node import make_backend, queue_factory
 from pynsqd.shard.queue import DropBackend, MessageQueue, segment_queue
 from pynsqd.shm.frames import FRAME, WRAP, Frames, RingError, check_frames, frame_records
@@ -383,6 +383,26 @@ def test_the_owner_drops_a_corrupt_record_untouched_and_stores_the_others(owner:
     assert area(cross.channels["c"].queue) == area(local.channels["c"].queue)
     assert (cross.message_count, cross.message_bytes) == (local.message_count, local.message_bytes)
     assert (inbound.received, inbound.framed) == (len(good) + len(old), len(good))
+
+
+def test_one_drain_turn_takes_records_up_to_drain_bytes_and_the_next_turn_the_rest(owner: Owner) -> None:
+    """A backlog of large records (cross-shard MPUBs) is applied a bounded slice per loop
+    turn, so the owner's own connections are not held up for the whole backlog; the next
+    turn continues in order and nothing is stored twice."""
+    broker, inbound, ring = owner
+    topic = broker.get_topic("big")
+    broker.get_channel(topic, "c")
+    m = messages([200] * 2000)
+    records = [encode_batch("big", m[i:i + 200], 200 * 200, 0) for i in range(0, 2000, 200)]  # ~45 KB each
+    per_turn = next(n for n in range(1, 11) if sum(map(len, records[:n])) >= DRAIN_BYTES)
+    assert per_turn < len(records)
+    assert ring.put_many(records) == len(records)
+    assert inbound.drain() == per_turn and len(ring) == len(records) - per_turn
+    assert topic.message_count == 200 * per_turn
+    while len(ring):
+        assert 0 < inbound.drain() <= per_turn
+    assert topic.channels["c"].queue.take(5000)[1] == m
+    assert topic.message_count == 2000 and inbound.received == 2000
 
 
 def test_the_owner_stores_a_run_of_one_message_records_for_a_topic_with_one_call(owner: Owner) -> None:

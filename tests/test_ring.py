@@ -116,6 +116,20 @@ def test_peek_then_consume_is_at_least_once() -> None:
     assert r.take_many(10) == [rec(10, 10)]
 
 
+def test_peek_stops_adding_records_once_they_hold_max_bytes_also_across_a_wrap() -> None:
+    r = ring(512)
+    r.put_many([rec(i, 40) for i in range(6)])  # 48-byte frames
+    r.consume(5)  # the read index near the middle: the next puts wrap
+    assert r.put_many([rec(i, 40) for i in range(6, 14)]) == 8
+    assert r.peek_many(100, max_bytes=100) == [rec(5, 40), rec(6, 40), rec(7, 40)]  # 80 < 100: one more
+    r.consume(3)
+    assert r.peek_many(100, max_bytes=80) == [rec(8, 40), rec(9, 40)]  # 80: stop
+    assert r.peek_many(100, max_bytes=1) == [rec(8, 40)]  # the first always comes
+    assert r.peek_many(2, max_bytes=10**6) == [rec(8, 40), rec(9, 40)]  # the count still bounds
+    r.consume(1)
+    assert r.take_many(100) == [rec(i, 40) for i in range(9, 14)]
+
+
 def test_attach_sees_the_same_ring() -> None:
     buf = bytearray(buffer_size(512))
     a = ByteRing(buf, init=True)

@@ -285,8 +285,10 @@ class ByteRing:
 
     # -- consumer ------------------------------------------------------------------------
 
-    def _walk(self, read: int, write: int, max_count: int, out: list[bytes] | None) -> tuple[int, int]:
-        """Walk up to ``max_count`` frames from index ``read`` towards ``write``.
+    def _walk(self, read: int, write: int, max_count: int, out: list[bytes] | None,
+              max_bytes: int = 1 << 62) -> tuple[int, int]:
+        """Walk up to ``max_count`` frames from index ``read`` towards ``write``, and no more
+        once the records walked hold ``max_bytes`` (the first is always walked).
 
         Returns (records walked, the read index after them); appends copies of the records
         to ``out`` unless it is None (one copy of the buffer per contiguous run).
@@ -295,12 +297,13 @@ class ByteRing:
         cap = self._cap
         unpack = FRAME.unpack_from
         count = 0
-        while read < write and count < max_count:
+        walked = 0  # record bytes
+        while read < write and count < max_count and walked < max_bytes:
             pos = start = read % cap
             end = pos + min(write - read, cap - pos)
             starts: list[int] = []
             ends: list[int] = []
-            while pos < end and count < max_count:
+            while pos < end and count < max_count and walked < max_bytes:
                 size, check = unpack(buf, HEADER_SIZE + pos)
                 if size ^ check != WRAP:
                     raise RingError(f"corrupt record frame at {pos} (length {size})")
@@ -316,6 +319,7 @@ class ByteRing:
                 ends.append(pos + FRAME_SIZE + size)
                 pos += frame
                 count += 1
+                walked += size
             if out is not None and starts:
                 first = starts[0]
                 chunk = buf[HEADER_SIZE + first:HEADER_SIZE + ends[-1]].tobytes()
@@ -332,11 +336,12 @@ class ByteRing:
             self._advance(new_read, count)
         return out
 
-    def peek_many(self, max_count: int) -> list[bytes]:
-        """Copy out up to ``max_count`` records without consuming them; ``consume`` next."""
+    def peek_many(self, max_count: int, max_bytes: int = 1 << 62) -> list[bytes]:
+        """Copy out up to ``max_count`` records without consuming them; ``consume`` next.
+        No record is added once those taken hold ``max_bytes`` (the first always comes)."""
         write, read = self._indices()
         out: list[bytes] = []
-        count, new_read = self._walk(read, write, max_count, out)
+        count, new_read = self._walk(read, write, max_count, out, max_bytes)
         self._peek_end = (read, count, new_read)
         return out
 
