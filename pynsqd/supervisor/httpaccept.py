@@ -20,7 +20,8 @@ accepted: new connections wait in the kernel's backlog, as they did before.
 
 A shard takes connections when it is ready, reachable and beating (``Slot.takes_connections``).
 A shard that dies takes its own connections with it (their clients reconnect) and gets no
-new ones until it is ready again. A shard whose loop has not beaten for ``STALL_AFTER``
+new ones until it is ready again; connections whose hand-off fails because it died after
+its turn was taken go to another shard instead of being closed. A shard whose loop has not beaten for ``STALL_AFTER``
 (stopped, or stuck in one long call) is passed over until it beats again, so a stuck shard
 does not swallow new connections. A shared socket had that property for free: a shard
 that is not running does not call ``accept``.
@@ -111,16 +112,39 @@ class HTTPAcceptor:
                 continue
             shares.setdefault(index, []).append(conn)
             self._next = index + 1
-        for index, conns in shares.items():
-            channel = self.slots[index].channel
-            try:
-                if channel is None:
-                    raise ConnectionError(f"shard {index} has no control channel")
-                channel.send({"op": "serve_http", "tls": tls}, b"", [c.fileno() for c in conns])
-                self.handed += len(conns)
-            except OSError as exc:  # ConnectionError: the channel closed
-                log.warning("%s: %d connection(s) not handed to shard %d - %s", "HTTPS" if tls else "HTTP",
-                            len(conns), index, exc)
-            finally:
+        failed: set[int] = set()
+        while shares:
+            index, conns = shares.popitem()
+            if self._hand(index, conns, tls):
+                continue
+            failed.add(index)  # it died since its turn was taken: give its share to another
+            other = next((i for i in self._ready() if i not in failed), None)
+            if other is None:
+                log.warning("%s: %d connection(s) closed - no shard could take them", "HTTPS" if tls else "HTTP",
+                            len(conns))
                 for conn in conns:
-                    conn.close()  # the channel sent duplicates
+                    conn.close()
+            else:
+                shares.setdefault(other, []).extend(conns)
+
+    def _ready(self) -> list[int]:
+        return [i for i, slot in enumerate(self.slots) if slot.takes_connections]
+
+    def _hand(self, index: int, conns: list[socket.socket], tls: bool) -> bool:
+        """Send ``conns`` to shard ``index`` (closing our copies); False, keeping them, if its
+        control channel is gone."""
+        channel = self.slots[index].channel
+        try:
+            if channel is None:
+                raise ConnectionError(f"shard {index} has no control channel")
+            channel.send({"op": "serve_http", "tls": tls}, b"", [c.fileno() for c in conns])
+            if channel.closed:  # the send found the shard gone (EPIPE) and dropped the message
+                raise ConnectionError(f"shard {index} closed its control channel")
+        except OSError as exc:  # ConnectionError: the channel closed
+            log.warning("%s: %d connection(s) not handed to shard %d - %s", "HTTPS" if tls else "HTTP",
+                        len(conns), index, exc)
+            return False
+        self.handed += len(conns)
+        for conn in conns:
+            conn.close()  # the channel sent duplicates
+        return True
