@@ -70,6 +70,8 @@ def ring_size() -> int:
     if soft == resource.RLIM_INFINITY:
         return RING_SIZE
     return max(4096, min(RING_SIZE, soft // 4096 * 4096))
+
+
 # A drain turn applies at most this many records, and stops adding records once they hold
 # DRAIN_BYTES, per ring: the owner's loop stays responsive while a ring holds a backlog. 256
 # MPUBs of 200 x 200 B were 51,200 messages in one turn, tens of ms in which the owner's own
@@ -241,7 +243,7 @@ class Inbound:
         more = stalled = False
         for ring in self.rings:
             while True:
-                batch = ring.peek_many(limit or DRAIN_BATCH, DRAIN_BYTES if limit else 1 << 62)
+                batch = ring.peek_many(limit or DRAIN_BATCH, DRAIN_BYTES)  # limit None: turns until empty
                 if not batch:
                     break
                 done = self._apply_all(batch)

@@ -57,6 +57,7 @@ MAGIC = b"PYNSQRG1"
 VERSION = 1
 HEADER_SIZE = 192
 MIN_CAPACITY = 64
+UNBOUNDED = 1 << 62  # peek_many's default max_bytes: no byte bound
 
 _MAGIC_OFF = 0
 _VERSION_OFF = 8
@@ -286,7 +287,7 @@ class ByteRing:
     # -- consumer ------------------------------------------------------------------------
 
     def _walk(self, read: int, write: int, max_count: int, out: list[bytes] | None,
-              max_bytes: int = 1 << 62) -> tuple[int, int]:
+              max_bytes: int = UNBOUNDED) -> tuple[int, int]:
         """Walk up to ``max_count`` frames from index ``read`` towards ``write``, and no more
         once the records walked hold ``max_bytes`` (the first is always walked).
 
@@ -336,7 +337,7 @@ class ByteRing:
             self._advance(new_read, count)
         return out
 
-    def peek_many(self, max_count: int, max_bytes: int = 1 << 62) -> list[bytes]:
+    def peek_many(self, max_count: int, max_bytes: int = UNBOUNDED) -> list[bytes]:
         """Copy out up to ``max_count`` records without consuming them; ``consume`` next.
         No record is added once those taken hold ``max_bytes`` (the first always comes)."""
         write, read = self._indices()

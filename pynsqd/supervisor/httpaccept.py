@@ -10,21 +10,21 @@ a client's pool or a 50-connection benchmark, then landed unevenly. ``wrk -c50``
 2-shard node split 50/0, 38/12, 24/26, 31/19, 50/0 and 38/12 in six runs, and one core
 served what two should.
 
-``HTTPAcceptor`` accepts here instead and sends each connection to the next ready shard,
-round robin, as an ``SCM_RIGHTS`` descriptor on its control channel (``serve_http``; the
-shard's ``EmbeddedServer.adopt`` serves it). Shards then differ by at most one connection.
-Each wake-up accepts what is queued and sends each shard its share in one message, so a
-connection costs the supervisor about one ``accept``; its requests never pass through the
-supervisor. While no shard takes connections, nothing is
-accepted: new connections wait in the kernel's backlog, as they did before.
+``HTTPAcceptor`` accepts here instead and sends each connection to the next ready shard, round
+robin, as an ``SCM_RIGHTS`` descriptor on its control channel (``serve_http``; the shard's
+``EmbeddedServer.adopt`` serves it). Shards then differ by at most one connection. Each
+wake-up accepts what is queued and sends each shard its share in one message, so a connection
+costs the supervisor about one ``accept``; its requests never pass through the supervisor.
+While no shard takes connections, nothing is accepted: new connections wait in the kernel's
+backlog, as they did before.
 
-A shard takes connections when it is ready, reachable and beating (``Slot.takes_connections``).
-A shard that dies takes its own connections with it (their clients reconnect) and gets no
-new ones until it is ready again; connections whose hand-off fails because it died after
-its turn was taken go to another shard instead of being closed. A shard whose loop has not beaten for ``STALL_AFTER``
-(stopped, or stuck in one long call) is passed over until it beats again, so a stuck shard
-does not swallow new connections. A shared socket had that property for free: a shard
-that is not running does not call ``accept``.
+A shard takes connections when it is ready, reachable and beating
+(``Slot.takes_connections``). A shard that dies takes its own connections with it (their
+clients reconnect) and gets no new ones until it is ready again; connections whose hand-off
+fails because it died after its turn was taken go to another shard instead of being closed. A
+shard whose loop has not beaten for ``STALL_AFTER`` (stopped, or stuck in one long call) is
+passed over until it beats again, so a stuck shard does not swallow new connections. A shared
+socket had that property for free: a shard that is not running does not call ``accept``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import asyncio
 import errno
 import logging
 import socket
+from collections.abc import Collection
 
 from pynsqd.supervisor.slots import Slot
 
@@ -55,11 +56,12 @@ class HTTPAcceptor:
         self._listening: dict[int, tuple[socket.socket, bool]] = {}  # fd → (listener, tls)
         self._paused: dict[int, asyncio.TimerHandle] = {}
 
-    def _turn(self) -> int | None:
-        """Index of the next shard in turn that takes connections (the turn is not used up)."""
+    def _turn(self, skip: Collection[int] = ()) -> int | None:
+        """Index of the next shard in turn that takes connections and is not in ``skip`` (the
+        turn is not used up)."""
         for step in range(len(self.slots)):
             index = (self._next + step) % len(self.slots)
-            if self.slots[index].takes_connections:
+            if index not in skip and self.slots[index].takes_connections:
                 return index
         return None
 
@@ -118,7 +120,7 @@ class HTTPAcceptor:
             if self._hand(index, conns, tls):
                 continue
             failed.add(index)  # it died since its turn was taken: give its share to another
-            other = next((i for i in self._ready() if i not in failed), None)
+            other = self._turn(skip=failed)
             if other is None:
                 log.warning("%s: %d connection(s) closed - no shard could take them", "HTTPS" if tls else "HTTP",
                             len(conns))
@@ -126,9 +128,6 @@ class HTTPAcceptor:
                     conn.close()
             else:
                 shares.setdefault(other, []).extend(conns)
-
-    def _ready(self) -> list[int]:
-        return [i for i, slot in enumerate(self.slots) if slot.takes_connections]
 
     def _hand(self, index: int, conns: list[socket.socket], tls: bool) -> bool:
         """Send ``conns`` to shard ``index`` (closing our copies); False, keeping them, if its
