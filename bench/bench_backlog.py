@@ -60,7 +60,7 @@ def _finished(http_port: int) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/stats?format=json&topic=backlog") as r:
         stats = json.loads(r.read())
     return sum(ch["message_count"] - ch["depth"] - ch["in_flight_count"] - ch["deferred_count"]
-               for t in stats["topics"] for ch in t["channels"])
+               for t in stats["topics"] or [] for ch in t["channels"])
 
 
 def one_run(args: argparse.Namespace) -> Figures:

@@ -168,7 +168,7 @@ def test_cross_shard_batch_codec() -> None:
         decode_batch(data + b"x")
 
 
-def _doc(topics: list[dict[str, Any]], producers: list[Any] | None, health: str = "OK") -> dict[str, Any]:
+def _doc(topics: list[dict[str, Any]] | None, producers: list[Any] | None, health: str = "OK") -> dict[str, Any]:
     return {"version": "1.3.0", "health": health, "start_time": 100, "topics": topics,
             "memory": {"heap_objects": 1, "gc_total_runs": 2}, "producers": producers,
             "shard_counters": {"handoffs": 1, "cross_shard_sent": 5}}
@@ -199,6 +199,20 @@ def test_merge_stats_is_one_node_in_the_single_node_shape() -> None:
     assert doc["health"] == "NOK - disk" and doc["producers"] == [{"remote_address": "x"}]
     assert doc["memory"] == {"heap_objects": 2, "gc_total_runs": 4}
     assert doc["supervisor"] == {"shards": 2, "handoffs": 2, "cross_shard_sent": 10}
+    # without the supervisor's figures (the default /stats) the shard counters go nowhere
+    assert list(merge_stats([a, b])) == ["version", "health", "start_time", "topics", "memory", "producers"]
+
+
+def test_merge_stats_of_a_topic_no_shard_has_is_nsqds_null_answer() -> None:
+    """nsqd returns early for an unknown ``topic`` filter: topics and producers are null,
+    though a shard has a producer; a topic one shard has keeps every shard's producers."""
+    a = _doc(None, [{"remote_address": "x"}])
+    b = _doc(None, None)
+    doc = merge_stats([a, b], topic="nosuch")
+    assert doc["topics"] is None and doc["producers"] is None
+    c = _doc([_topic("t", [], 1)], None)
+    doc = merge_stats([_doc(None, [{"remote_address": "x"}]), c], topic="t")
+    assert [t["topic_name"] for t in doc["topics"]] == ["t"] and doc["producers"] == [{"remote_address": "x"}]
 
 
 

@@ -87,7 +87,8 @@ class Broker:
         self.shard = shard
         self.router: Router | None = None  # set by a worker of a multi-shard node
         self.clients: set[Any] = set()
-        self.start_time = int(time.time())
+        self.start_ns = time.time_ns()  # wall clock: /stats text's uptime
+        self.start_time = self.start_ns // 1_000_000_000
         self.health = "OK"
         self.exiting = False
         self._backend_factory = backend_factory or (lambda name, ephemeral: DropBackend())

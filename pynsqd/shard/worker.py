@@ -98,6 +98,7 @@ class ShardWorker:
         self.broker = Broker(opts, self._make_backend, shard=self.index, shards=self.shards,
                              queue_factory=queue_factory(opts))
         self.broker.start_time = boot["start_time"]
+        self.broker.start_ns = boot.get("start_ns", self.broker.start_time * 1_000_000_000)
         owned = [t for t in metadata.load(opts.data_dir) if self.placement.owner(t[0]) == self.index]
         self.broker.restore(owned)  # each queue attaches to its segment and recovers it
         self._adopt_segments()
@@ -178,7 +179,8 @@ class ShardWorker:
         elif op == "stats":
             self.inbound.drain(None)
             doc = node_stats(self.broker, msg.get("topic", ""), msg.get("channel", ""),
-                             msg.get("include_clients", True), msg.get("include_mem", True))
+                             msg.get("include_clients", True), msg.get("include_mem", True),
+                             msg.get("include_shards", False), alone=False)
             doc["shard_counters"] = {"handoffs": self.handoffs, "relays": self.relays,
                                      "cross_shard_sent": self.outbound.sent,
                                      "cross_shard_received": self.inbound.received,
