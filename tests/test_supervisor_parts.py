@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from pynsqd.shard.crossshard import ring_name
 from pynsqd.shard.node import make_backend
 from pynsqd.shm import sidecar, store
 from pynsqd.shm.ring import HEADER_SIZE as RING_HEADER_SIZE
+from pynsqd.shm.cpu import refusal
 from pynsqd.shm.ring import ByteRing
 from pynsqd.shm.segment import Segment, list_segments, segment_name, unlink_segment
 from pynsqd.supervisor import leftover_rings
@@ -264,3 +267,28 @@ def test_a_corrupt_leftover_ring_is_logged_and_removed_not_a_failed_start(tmp_pa
         seg.close()
         for name in list_segments(data):
             unlink_segment(name)
+
+
+@pytest.mark.parametrize(("system", "machine", "refused"), [
+    ("Linux", "x86_64", None), ("Linux", "AMD64", None),
+    ("Linux", "aarch64", "x86-64 only (this CPU is aarch64)"), ("Linux", "armv7l", "x86-64 only"),
+    ("Linux", "ppc64le", "x86-64 only"), ("Linux", "riscv64", "x86-64 only"), ("Linux", "i686", "x86-64 only"),
+    ("Darwin", "x86_64", "Linux only (this is Darwin)"), ("Darwin", "arm64", "Linux only"),
+    ("Windows", "AMD64", "Linux only"), ("FreeBSD", "amd64", "Linux only"),
+])
+def test_nsqd_runs_only_where_the_rings_store_order_holds(system: str, machine: str, refused: str | None) -> None:
+    """The rule: Linux (/dev/shm, SOCK_SEQPACKET, eventfd) on x86-64 (its TSO orders the ring's
+    index store after the record bytes; other CPUs would need barriers)."""
+    why = refusal(system, machine)
+    assert why is None if refused is None else refused in str(why)
+
+
+def test_nsqd_on_another_cpu_exits_at_once_with_one_line(tmp_path: Path) -> None:
+    code = ("import platform, sys; platform.machine = lambda: 'aarch64'; "
+            "from pynsqd.supervisor.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code, f"--data-path={tmp_path}", "--tcp-address=127.0.0.1:0",
+                           "--http-address=127.0.0.1:0"], capture_output=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (1, b"")
+    assert proc.stderr.decode() == ("nsqd: error: pynsqd's nsqd runs on x86-64 only (this CPU is aarch64): its "
+                                    "shared-memory rings rely on x86-64 store ordering\n")
+    assert list(tmp_path.iterdir()) == [] and list_segments(str(tmp_path)) == []  # nothing was started
