@@ -20,8 +20,8 @@ from pynsqd.shard.crossrecord import decode_batch, encode_batch
 from pynsqd.shard.crossshard import ring_name
 from pynsqd.shard.node import make_backend
 from pynsqd.shm import sidecar, store
-from pynsqd.shm.ring import HEADER_SIZE as RING_HEADER_SIZE
 from pynsqd.shm.cpu import refusal
+from pynsqd.shm.ring import HEADER_SIZE as RING_HEADER_SIZE
 from pynsqd.shm.ring import ByteRing
 from pynsqd.shm.segment import Segment, list_segments, segment_name, unlink_segment
 from pynsqd.supervisor import leftover_rings

@@ -147,7 +147,7 @@ class Broker:
 
     def _process_queue(self, kind: str, name: str, backend: Backend) -> MessageQueue:
         """A queue whose log lives in this process only (a broker without a node)."""
-        log_ = MessageLog(bytearray(buffer_size(max(self.opts.mem_queue_bytes, 1 << 16))), init=True)
+        log_ = MessageLog(bytearray(buffer_size(max(self.opts.mem_queue_bytes or 32 << 20, 1 << 16))), init=True)
         return MessageQueue(log_, self.opts.mem_queue_size, backend)
 
     def get_topic(self, name: str) -> Topic:

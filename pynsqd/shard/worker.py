@@ -64,6 +64,7 @@ from pynsqd.shard.stats import node_stats
 from pynsqd.shard.transport import build_server_context
 from pynsqd.shm import store
 from pynsqd.shm.diskqueue import DiskQueue
+from pynsqd.shm.sizing import LogSizing
 from pynsqd.supervisor.control import ControlChannel
 from pynsqd.supervisor.placement import Placement
 from pynsqd.supervisor.slots import BOOT_ERROR, ENV
@@ -96,7 +97,7 @@ class ShardWorker:
         opts = self.opts
         self.placement = Placement(opts.data_dir, self.shards)
         self.broker = Broker(opts, self._make_backend, shard=self.index, shards=self.shards,
-                             queue_factory=queue_factory(opts))
+                             queue_factory=queue_factory(opts, LogSizing(**boot["log_sizing"])))
         self.broker.start_time = boot["start_time"]
         self.broker.start_ns = boot.get("start_ns", self.broker.start_time * 1_000_000_000)
         owned = [t for t in metadata.load(opts.data_dir) if self.placement.owner(t[0]) == self.index]
