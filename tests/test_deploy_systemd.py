@@ -22,6 +22,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -50,7 +51,7 @@ def unit_root(tmp_path: Path) -> Path:
     bin_dir.mkdir(parents=True)
     for command in ("nsqd-supervisor", "nsqlookupd", "nsqadmin"):
         script = bin_dir / command
-        script.write_text(f"#!/bin/sh\nexec {Path(os.sys.executable).parent / command} \"$@\"\n")
+        script.write_text(f"#!/bin/sh\nexec {Path(sys.executable).parent / command} \"$@\"\n")
         script.chmod(0o755)
     return root
 
