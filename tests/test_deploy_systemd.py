@@ -9,7 +9,10 @@
   own pid (``NotifyAccess=main``);
 - ``SystemCallFilter=``/``RestrictAddressFamilies=``: every system call and socket family a
   real node makes while it publishes, delivers over two shards and stops (``strace -f``) is
-  one the unit allows, so the sandbox still lets it run.
+  one the unit allows, so the sandbox still lets it run;
+- and the units under systemd itself (Debian's, booted in a container on the Docker engine of
+  ``tests/containers.py``): they start (``Type=notify``), serve as ``nsq``, survive a kill -9
+  of the node with its queues, and stop cleanly.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ import socket
 import struct
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.harness import Daemon, remove_segments, scaled
+from tests.containers import BASE_IMAGE, PREFIX, Engine
+from tests.harness import Daemon, remove_segments, scaled, wait_for
 from tests.rawclient import RawClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -254,3 +259,92 @@ def test_sandbox_allows_every_syscall_the_node_makes(tmp_path: Path) -> None:
     assert used - allowed == set(), "system calls the unit's SystemCallFilter= would refuse"
     used_families = set(re.findall(r"\bsocket(?:pair)?\((AF_\w+)", text))
     assert used_families and used_families - families == set(), "socket families RestrictAddressFamilies= refuses"
+
+
+# --- the units under a real systemd -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def systemd_host(docker_engine: Engine, broker_image: str) -> Iterator[Callable[..., str]]:
+    """A container booted by systemd (Debian's) holding the broker image's /opt/pynsqd, the units
+    and the sample configs installed as deploy/systemd's comments say; yields ``sh(cmd)``."""
+    ctx = docker_engine.workdir / "systemd"
+    ctx.mkdir(exist_ok=True)
+    (ctx / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\n"
+        "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends"
+        " systemd systemd-sysv && rm -rf /var/lib/apt/lists/*\n"
+        f"COPY --from={broker_image} /opt/pynsqd /opt/pynsqd\n"
+        'STOPSIGNAL SIGRTMIN+3\nCMD ["/sbin/init"]\n')
+    image = f"{PREFIX}/systemd"
+    docker_engine.run("build", "--network=host", "-t", image, str(ctx), timeout=600)
+    name = f"{PREFIX}-systemd"
+    docker_engine.run("run", "-d", "--name", name, "--network=none", "--cap-add=SYS_ADMIN",
+                      "--security-opt=seccomp=unconfined", "--security-opt=apparmor=unconfined",
+                      "--tmpfs=/run", "--tmpfs=/run/lock", "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+                      "-v", f"{UNITS}:/deploy/systemd:ro", "-v", f"{ROOT / 'deploy' / 'config'}:/deploy/config:ro",
+                      image)
+
+    def sh(command: str, check: bool = True) -> str:
+        done = docker_engine.run("exec", name, "sh", "-c", command, check=False, timeout=180)
+        assert not check or done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
+        return done.stdout.strip()
+    try:
+        wait_for(lambda: sh("systemctl is-system-running", check=False) in ("running", "degraded"), 60,
+                 interval=0.5, what="systemd booted")
+        sh("cp /deploy/systemd/*.service /etc/systemd/system/"
+           " && cp /deploy/systemd/pynsqd.sysusers /usr/lib/sysusers.d/pynsqd.conf && systemd-sysusers"
+           " && mkdir -p /etc/pynsqd && cp /deploy/config/*.toml /etc/pynsqd/"
+           " && sed -i 's/^nsqlookupd_tcp_addresses = .*/nsqlookupd_tcp_addresses = [\"127.0.0.1:4160\"]/'"
+           " /etc/pynsqd/nsqd.toml && systemctl daemon-reload")
+        yield sh
+    finally:
+        journal = docker_engine.run("exec", name, "journalctl", "--no-pager", "-n", "200", check=False).stdout
+        (docker_engine.workdir / "systemd-journal.log").write_text(journal)
+        docker_engine.run("rm", "-f", name, check=False)
+
+
+PY = "/opt/pynsqd/bin/python3 -c"
+
+
+def channel_depth(sh: Callable[..., str]) -> int:
+    return int(sh(f"""{PY} 'import json, urllib.request; d = json.load(urllib.request.urlopen(
+"http://127.0.0.1:4151/stats?format=json&topic=t")); print(d["topics"][0]["channels"][0]["depth"])'"""))
+
+
+@pytest.mark.containers
+@pytest.mark.timeout(900)
+def test_units_run_under_systemd(systemd_host: Callable[..., str]) -> None:
+    """The units start, serve, restart a killed node (its queues intact in /dev/shm under the
+    sandbox) and stop it cleanly, under systemd itself."""
+    sh = systemd_host
+    sh("systemctl start nsqlookupd nsqd-supervisor nsqadmin")  # returns once READY=1 came (Type=notify)
+    assert sh("systemctl is-active nsqlookupd nsqd-supervisor nsqadmin").split() == ["active"] * 3
+    assert "serving TCP on 0.0.0.0:4150" in sh("systemctl show -p StatusText nsqd-supervisor")
+    assert sh("stat -c %U /proc/$(systemctl show -p MainPID --value nsqd-supervisor)") == "nsq"
+    sh(f"""{PY} 'import urllib.request as u
+u.urlopen(u.Request("http://127.0.0.1:4151/topic/create?topic=t", method="POST"))
+u.urlopen(u.Request("http://127.0.0.1:4151/channel/create?topic=t&channel=c", method="POST"))
+assert u.urlopen(u.Request("http://127.0.0.1:4151/mpub?topic=t", data=b"a\\nb\\nc\\nd\\ne")).read() == b"OK"'""")
+    assert channel_depth(sh) == 5
+    # the node registered with the lookupd, and nsqadmin sees it there
+    wait_for(lambda: '"t"' in sh(f"""{PY} 'import urllib.request as u
+print(u.urlopen("http://127.0.0.1:4161/topics").read().decode())'"""), 15, interval=0.5, what="topic in nsqlookupd")
+    assert "broadcast_address" in sh(f"""{PY} 'import urllib.request as u
+print(u.urlopen("http://127.0.0.1:4171/api/nodes").read().decode())'""")
+
+    # kill -9 of the whole tree: systemd restarts it, and the queued messages are still there
+    sh("systemctl kill -s SIGKILL nsqd-supervisor")
+    wait_for(lambda: sh("systemctl show -p NRestarts --value nsqd-supervisor") == "1"
+             and sh("systemctl is-active nsqd-supervisor", check=False) == "active", 60, interval=0.5,
+             what="nsqd-supervisor restarted by systemd")
+    assert channel_depth(sh) == 5
+
+    # a clean stop: SIGTERM to the supervisor, exit 0 well inside TimeoutStopSec; the queue is on disk
+    sh("systemctl stop nsqd-supervisor")
+    assert sh("systemctl show -p Result -p ExecMainStatus nsqd-supervisor").split() == ["Result=success",
+                                                                                       "ExecMainStatus=0"]
+    assert "exited cleanly" in sh("journalctl -u nsqd-supervisor --no-pager -n 5")
+    assert sh("ls /var/lib/pynsqd/nsqd").count("diskqueue") >= 2
+    sh("systemctl start nsqd-supervisor")
+    assert channel_depth(sh) == 5
+    sh("systemctl stop nsqd-supervisor nsqadmin nsqlookupd")
