@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.containers import BASE_IMAGE, Engine
+from tests.containers import BASE_IMAGE, PREFIX, Engine
 from tests.harness import scaled, wait_for
 
 MESSAGES = 300  # published over the three nodes, read by the Spark pipeline
@@ -134,3 +134,43 @@ urllib.request.urlopen(urllib.request.Request(f"{node}/mpub?topic=kept", data=b"
                        "'http://127.0.0.1:4151/stats?format=json&topic=kept')); "
                        "print(d['topics'][0]['channels'][0]['depth'])")
     assert out.strip() == "3"
+
+
+def test_broker_runs_as_the_statefulset_runs_it(docker_engine: Engine, broker_image: str) -> None:
+    """The nsqd pod of deploy/kubernetes, as far as Docker can play it: the container's command
+    and arguments, uid 10001, a read-only root file system, no capabilities, no privilege
+    escalation, /dev/shm of the volume's size, a volume at /data and /tmp as an emptyDir."""
+    from tests.test_deploy_kubernetes import KUBE, by_kind, container_args, quantity, render
+
+    sts = by_kind(render(KUBE / "base"))[("StatefulSet", "nsqd")]
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    shm = next(v for v in pod["volumes"] if v["name"] == "shm")["emptyDir"]
+    name = f"{PREFIX}-pod"
+    env = [f"--env={e['name']}={e['value']}" for e in container["env"] if "value" in e]
+    docker_engine.run("run", "-d", "--name", name, "--network=none", "--read-only", "--tmpfs=/tmp",
+                      f"--shm-size={quantity(shm['sizeLimit'])}", "--cap-drop=ALL",
+                      "--security-opt=no-new-privileges", f"--user={pod['securityContext']['runAsUser']}",
+                      "-v", f"{name}-data:/data", *env, "--entrypoint", container["command"][0], broker_image,
+                      *container_args(sts))
+    try:
+        def pings() -> bool:
+            done = docker_engine.run("exec", name, "python3", "-c", "import urllib.request; print(urllib.request"
+                                     ".urlopen('http://127.0.0.1:4151/ping', timeout=2).read().decode())", check=False)
+            return done.stdout.strip() == "OK"
+        wait_for(pings, 60, interval=0.5, what="the pod's nsqd answering /ping")
+        out = docker_engine.run("exec", name, "python3", "-c", """
+import json, urllib.request
+for t in ("a", "b", "c"):  # queues in /dev/shm, spills to /data
+    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:4151/pub?topic={t}", data=b"x"))
+stats = json.load(urllib.request.urlopen("http://127.0.0.1:4151/stats?format=json"))
+print(sorted((t["topic_name"], t["depth"]) for t in stats["topics"]))
+""").stdout
+        assert out.strip() == "[('a', 1), ('b', 1), ('c', 1)]"
+        started = time.monotonic()
+        docker_engine.run("stop", f"--time={pod['terminationGracePeriodSeconds']}", name, timeout=120)
+        assert time.monotonic() - started < pod["terminationGracePeriodSeconds"]
+        assert docker_engine.run("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip() == "0"
+    finally:
+        docker_engine.run("rm", "-f", "-v", name, check=False)
+        docker_engine.run("volume", "rm", f"{name}-data", check=False)
