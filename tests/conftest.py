@@ -12,6 +12,13 @@ import uvloop
 
 from tests.authserver import AuthServer
 from tests.certs import Certs
+from tests.containers import (  # noqa: F401  (session fixtures: a Docker engine and pynsqd's images)
+    broker_image,
+    docker_engine,
+    image_context,
+    prometheus_image,
+    spark_image,
+)
 from tests.harness import Daemon, remove_segments
 from tests.test_clients import clients  # noqa: F401  (the fixture, shared with test_http)
 

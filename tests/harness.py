@@ -47,8 +47,9 @@ class Daemon:
 
     def __init__(self, module: str, args: Sequence[str], listeners: Sequence[str] = ("TCP", "HTTP"),
                  env: dict[str, str] | None = None, cwd: str | None = None,
-                 limits: dict[int, tuple[int, int]] | None = None) -> None:
+                 limits: dict[int, tuple[int, int]] | None = None, wrapper: Sequence[str] = ()) -> None:
         self.module = module
+        self.wrapper = list(wrapper)  # a command to run the daemon under (e.g. strace -f)
         self.args = list(args)
         self.listeners = tuple(listeners)
         self.env = env
@@ -69,7 +70,7 @@ class Daemon:
         self.lines = []
         self.addresses = {}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module, *self.args],
+            [*self.wrapper, sys.executable, "-m", self.module, *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, cwd=self.cwd, start_new_session=True,
             preexec_fn=self._set_limits if self.limits else None,

@@ -4,11 +4,14 @@ Every figure of nsqd's ``/stats`` becomes a metric labelled by ``topic`` and ``c
 totals (``message_count``, ``requeue_count`` …) are counters, levels (``depth``,
 ``in_flight_count`` …) gauges. The exposition format is ``prometheus_client``'s; this module
 only maps a stats document (one shard's, or a node's aggregate) onto metric families, so it
-works on whatever ``node_stats`` returns.
+works on whatever ``node_stats`` returns. Beside them, the size and free space of the two
+file systems a node fills — its data path (disk queues) and ``/dev/shm`` (the queues'
+shared memory) — so an alert can fire before either is full.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -117,11 +120,39 @@ def _supervisor_families(sup: dict[str, Any] | None) -> Iterator[Metric]:
         yield family
 
 
-def exposition(get_stats: Callable[[], dict[str, Any]]) -> bytes:
-    """The text exposition of the stats plus this process's own metrics."""
+class StorageCollector:
+    """``nsq_filesystem_{size,avail}_bytes`` of the data path and of shared memory."""
+
+    def __init__(self, volumes: dict[str, str]) -> None:
+        self.volumes = volumes  # label → path
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+        size = GaugeMetricFamily("nsq_filesystem_size_bytes", "Size of the file system holding the node's "
+                                 "data path (volume=data) or shared-memory queues (volume=shm)",
+                                 labels=["volume", "path"])
+        avail = GaugeMetricFamily("nsq_filesystem_avail_bytes", "Bytes of that file system the node "
+                                  "can still use", labels=["volume", "path"])
+        for volume, path in self.volumes.items():
+            try:
+                st = os.statvfs(path)
+            except OSError:
+                continue
+            size.add_metric([volume, path], float(st.f_blocks * st.f_frsize))
+            avail.add_metric([volume, path], float(st.f_bavail * st.f_frsize))
+        yield size
+        yield avail
+
+
+def exposition(get_stats: Callable[[], dict[str, Any]], data_path: str = "") -> bytes:
+    """The text exposition of the stats, the storage of ``data_path`` and ``/dev/shm``, and
+    this process's own metrics."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.process_collector import ProcessCollector
+
+    from pynsqd.shm.segment import SHM_DIR
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(get_stats))
+    registry.register(StorageCollector({"data": data_path, "shm": SHM_DIR} if data_path else {"shm": SHM_DIR}))
     ProcessCollector(registry=registry)
     return bytes(generate_latest(registry))

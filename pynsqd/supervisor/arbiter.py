@@ -50,7 +50,7 @@ from typing import Any
 
 import orjson
 
-from pynsqd import NSQ_VERSION, __version__, logs
+from pynsqd import NSQ_VERSION, __version__, logs, sdnotify
 from pynsqd.netaddr import bind, bound_port, describe
 from pynsqd.options import UsageError
 from pynsqd.shard import metadata
@@ -460,6 +460,7 @@ class Supervisor:
             self._spawn_task(self._statsd().run())
         self.registration.set_addresses(self.opts.lookupd_tcp_address)
         self.tcp_socket.setblocking(False)
+        sdnotify.notify("READY=1", f"STATUS=serving TCP on {describe(self.tcp_socket)}, {self.shards} shard(s)")
         while True:
             conn, addr = await loop.sock_accept(self.tcp_socket)
             conn.setblocking(False)
@@ -471,6 +472,7 @@ class Supervisor:
             return
         self._exited = True
         self._stopping = True
+        sdnotify.notify("STOPPING=1")
         started = time.monotonic()
         deadline = started + SHUTDOWN_DEADLINE
         if self._accept_task is not None:
