@@ -3,9 +3,10 @@
 Starts its own node (one shard, ``--mem-queue-size=10000`` unless told otherwise) with one
 channel, publishes ``--count`` messages (MPUB batches from separate processes; the first
 100,000 (or all, when fewer) alone so the server's RSS can be read at that backlog), reads the RSS again with
-everything queued, then drains the channel with FIN-ing consumers. Messages beyond the
-shared-memory log spill to the disk queue and come back through the log before delivery,
-so the server's RSS must stay flat however large the backlog.
+everything queued (and how many of them are on disk), then drains the channel with FIN-ing
+consumers. Messages beyond ``--mem-queue-size`` spill to the disk queue and come back
+through the log before delivery, so the server's RSS stays bounded by ``--mem-queue-size``
+messages however large the backlog.
 
   .venv/bin/python bench/bench_backlog.py --count 2000000 --repeat 3
 """
@@ -60,7 +61,14 @@ def _finished(http_port: int) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/stats?format=json&topic=backlog") as r:
         stats = json.loads(r.read())
     return sum(ch["message_count"] - ch["depth"] - ch["in_flight_count"] - ch["deferred_count"]
-               for t in stats["topics"] for ch in t["channels"])
+               for t in stats["topics"] or [] for ch in t["channels"])
+
+
+def _on_disk(http_port: int) -> int:
+    """Messages of the channel in its disk queue (not in shared memory)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/stats?format=json&topic=backlog") as r:
+        stats = json.loads(r.read())
+    return sum(ch["backend_depth"] for t in stats["topics"] or [] for ch in t["channels"])
 
 
 def one_run(args: argparse.Namespace) -> Figures:
@@ -82,7 +90,8 @@ def one_run(args: argparse.Namespace) -> Figures:
         rest = max(0, args.count - n1) // args.workers
         n2, t2, pub_rss = _phase([ctx.Process(target=publish_count, args=(
             addr, "backlog", args.size, args.batch, rest, q)) for _ in range(args.workers)], q, meter)
-        figures["pub"] = {"msgs": n1 + n2, "msgs_s": (n1 + n2) / (t1 + t2), "load_rss_mb": pub_rss}
+        figures["pub"] = {"msgs": n1 + n2, "msgs_s": (n1 + n2) / (t1 + t2), "load_rss_mb": pub_rss,
+                          "on_disk": _on_disk(http_port)}
         figures[f"at_{(n1 + n2) // 1000}k"] = {"rss_mb": meter.rss() / 2**20}
         total = n1 + n2
         # consumers share the backlog unevenly: the drain ends when the channel is empty

@@ -91,7 +91,7 @@ def preload(tcp_port: int, topic: str, count: int, size: int) -> None:
 def drained(http_port: int, topic: str, count: int) -> bool:
     data = httpx.get(f"http://127.0.0.1:{http_port}/stats", params={"format": "json", "topic": topic},
                      timeout=5).json()
-    for t in data["topics"]:
+    for t in data["topics"] or []:  # null: no such topic (yet)
         for c in t["channels"]:
             if c["channel_name"] in ("bench", "nsq_to_file"):
                 return bool(c["message_count"] >= count and c["depth"] == 0 and c["in_flight_count"] == 0)

@@ -118,7 +118,7 @@ def wrk_phase(url: str, body: bytes, per_request: int, args: argparse.Namespace,
 def stored(http_port: int) -> int:
     """Messages the node's ``/stats`` counts for the bench topic."""
     with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/stats?format=json&topic=bench", timeout=30) as r:
-        topics = json.load(r)["topics"]
+        topics = json.load(r)["topics"] or []  # null: no such topic (yet)
     return sum(t["message_count"] for t in topics if t["topic_name"] == "bench")
 
 

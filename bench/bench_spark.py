@@ -68,7 +68,7 @@ _HTTP = httpx.Client(timeout=60.0)
 
 def finished(http: int, topic: str, channel: str) -> tuple[int, int, int]:
     data = _HTTP.get(f"http://127.0.0.1:{http}/stats", params={"format": "json", "topic": topic}).json()
-    for t in data["topics"]:
+    for t in data["topics"] or []:  # null: no such topic (yet)
         for c in t["channels"]:
             if c["channel_name"] == channel:
                 fin = sum(cl["finish_count"] for cl in c["clients"] or [])

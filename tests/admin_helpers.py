@@ -119,7 +119,7 @@ class Cluster:
         return dict(self.get(nsqd, "/stats", **params))
 
     def topic_stats(self, nsqd: Daemon, topic: str) -> dict[str, Any] | None:
-        return next((t for t in self.stats(nsqd, topic)["topics"] if t["topic_name"] == topic), None)
+        return next((t for t in self.stats(nsqd, topic)["topics"] or [] if t["topic_name"] == topic), None)
 
     def channel_stats(self, nsqd: Daemon, topic: str, channel: str) -> dict[str, Any] | None:
         t = self.topic_stats(nsqd, topic)

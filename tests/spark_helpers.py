@@ -88,7 +88,7 @@ def consume(nsqd: Daemon, topic: str, channel: str, count: int, timeout: float =
 def channel_stats(nsqd: Daemon, topic: str, channel: str) -> dict[str, Any]:
     """The channel's /stats entry, plus ``finish_count`` summed over its clients."""
     data = httpx.get(f"{nsqd.http_url}/stats", params={"format": "json", "topic": topic}).json()
-    for t in data["topics"]:
+    for t in data["topics"] or []:  # null: no such topic (yet)
         for c in t["channels"]:
             if t["topic_name"] == topic and c["channel_name"] == channel:
                 c["finish_count"] = sum(client["finish_count"] for client in c["clients"] or [])

@@ -45,6 +45,23 @@ def test_nodes_are_summed_and_e2e_percentiles_merged() -> None:
     assert alone["depth"] == 10 and alone["e2e_processing_latency"]["count"] == 100
 
 
+def test_clients_are_null_where_gos_are() -> None:
+    """A node asked without clients sends ``"clients": null``: it stays null; a sum over
+    nodes with no client at all is null (Go appends nothing to a nil slice)."""
+    raw = stats_topic(1, 0, 1, None)
+    raw["channels"][0]["clients"] = None
+    a = node_topic(raw, "a:1", "h")
+    assert a["channels"][0]["clients"] is None
+    total = total_topic("t", [a, node_topic(raw, "b:1", "h")])
+    assert total["channels"][0]["clients"] is None and [n["clients"] for n in total["channels"][0]["nodes"]] == [
+        None, None]
+    raw["channels"][0]["clients"] = []
+    empty = node_topic(raw, "a:1", "h")["channels"][0]
+    assert empty["clients"] == [] and total_channel("t", "c", [empty])["clients"] is None
+    full = node_topic(stats_topic(1, 0, 1, None), "b:1", "h")["channels"][0]
+    assert [k["node"] for k in total_channel("t", "c", [empty, full])["clients"]] == ["b:1"]
+
+
 def test_no_percentiles_stay_null() -> None:
     total = total_topic("t", [node_topic(stats_topic(1, 0, 1, None), "a:1", "h")])
     assert total["e2e_processing_latency"]["percentiles"] is None

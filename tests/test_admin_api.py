@@ -64,11 +64,33 @@ def test_topics_topic_and_channel_are_summed_over_every_producer(nsq: Cluster, a
     assert billing["depth"] == 12 and billing["message_count"] == 12 and len(billing["nodes"]) == 2
     assert set(t) >= {"hostname", "backend_depth", "paused", "e2e_processing_latency"}
 
+    # asked without clients, every clients list is null in Go's answer (recorded)
+    assert [c["clients"] for c in t["channels"]] == [None, None]
+    assert {str(n["clients"]) for c in t["channels"] for n in c["nodes"]} == {"None"}
+    assert {str(c["clients"]) for n in t["nodes"] for c in n["channels"]} == {"None"}
+
     c = ok(api(admin, "GET", "/api/topics/orders/billing"))
     assert c["channel_name"] == "billing" and c["topic_name"] == "orders" and c["depth"] == 12
     assert sorted(n["depth"] for n in c["nodes"]) == [5, 7]
     for key in ("in_flight_count", "deferred_count", "requeue_count", "timeout_count", "client_count", "clients"):
         assert key in c
+    # no consumer anywhere: each node sent [], their sum is Go's append of nothing to nil: null
+    assert c["clients"] is None and [n["clients"] for n in c["nodes"]] == [[], []]
+
+
+def test_an_unknown_topic_is_nsqadmins_upstream_error(nsq: Cluster, admin: Daemon) -> None:
+    """nsqadmin asks each lookupd's /lookup: all answer 404, so "failed to query any
+    nsqlookupd", each error as Go's http_api client words it (recorded answer)."""
+    notfound = r'got response 404 Not Found "{\"message\":\"TOPIC_NOT_FOUND\"}"'
+    go = {"message": "UPSTREAM_ERROR: failed to query any nsqlookupd: " + "\n".join([notfound] * 2)}
+    for path in ("/api/topics/nosuch", "/api/topics/nosuch/ch"):
+        r = api(admin, "GET", path)
+        assert (r.status_code, r.json()) == (502, go), path
+        assert r.headers["content-type"] == "application/json; charset=utf-8"
+    # with --nsqd-http-address, no nsqd holds it: GetNSQDStats of no producers
+    direct = nsq.admin(*(f"--nsqd-http-address={addr(n)}" for n in nsq.nsqds))
+    r = api(direct, "GET", "/api/topics/nosuch")
+    assert (r.status_code, r.json()) == (502, {"message": "UPSTREAM_ERROR: failed to query any nsqd: "})
 
 
 def test_channel_lists_every_client_with_its_details(nsq: Cluster, admin: Daemon) -> None:

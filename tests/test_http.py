@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import struct
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -10,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pynsqd.shard.stats import format_text, rfc3339
 from pynsqd.wire.commands import encode_fin, encode_pub
 from tests.harness import Daemon, scaled, wait_for
 from tests.rawclient import RawClient
@@ -27,9 +30,7 @@ CHANNEL_KEYS = ["channel_name", "depth", "backend_depth", "in_flight_count", "de
 CLIENT_KEYS = ["client_id", "hostname", "version", "remote_address", "state", "ready_count",
                "in_flight_count", "message_count", "finish_count", "requeue_count", "connect_ts",
                "sample_rate", "deflate", "snappy", "user_agent", "tls", "tls_cipher_suite", "tls_version",
-               "tls_negotiated_protocol", "tls_negotiated_protocol_is_mutual",
-               "shard"]  # pynsqd's addition, after nsqd's keys: the shard serving the client
-PYNSQD_TOP_KEYS = ["supervisor"]  # pynsqd's addition: the process tree's own figures
+               "tls_negotiated_protocol", "tls_negotiated_protocol_is_mutual"]
 INFO_KEYS = ["version", "broadcast_address", "hostname", "http_port", "tcp_port", "start_time",
              "max_heartbeat_interval", "max_output_buffer_size", "max_output_buffer_timeout",
              "max_deflate_level"]
@@ -83,24 +84,44 @@ def test_stats_json_has_nsqs_shape(nsqd: Daemon, http: httpx.Client) -> None:
         c.expect_ok()
         c.read_message()
         data = stats(http)
-        assert list(data) == TOP_KEYS + PYNSQD_TOP_KEYS and list(data["memory"]) == MEMORY_KEYS
+        assert list(data) == TOP_KEYS and list(data["memory"]) == MEMORY_KEYS
         topic = data["topics"][0]
         assert list(topic) == TOPIC_KEYS
         channel = topic["channels"][0]
         assert list(channel) == CHANNEL_KEYS
-        assert list(channel["clients"][0]) == CLIENT_KEYS
+        # the consumer connection also published: nsqd's Stats(topic) gives it pub_counts too
+        assert list(channel["clients"][0]) == [*CLIENT_KEYS[:15], "pub_counts", *CLIENT_KEYS[15:]]
         assert channel["clients"][0]["user_agent"] == "test/1.0"
         assert channel["in_flight_count"] == 1 and topic["message_bytes"] == 1
         assert channel["e2e_processing_latency"] == {"count": 0, "percentiles": None}
         producer = data["producers"][0]
         assert list(producer) == [*CLIENT_KEYS[:15], "pub_counts", *CLIENT_KEYS[15:]]
         assert producer["pub_counts"] == [{"topic": "shape", "count": 1}]
+        # pynsqd's own facts only when asked for: the serving shard last in every client
+        extra = stats(http, include_shards="true")
+        assert list(extra) == [*TOP_KEYS, "supervisor"] and extra["supervisor"]["shards"] >= 1
+        assert list(extra["topics"][0]["channels"][0]["clients"][0])[-1] == "shard"
+        assert list(extra["producers"][0])[-1] == "shard"
         no_clients = stats(http, include_clients="false", include_mem="false")
         assert "memory" not in no_clients and no_clients["producers"] is None
         ch = no_clients["topics"][0]["channels"][0]
         assert ch["clients"] is None and ch["client_count"] == 1
-    assert stats(http, topic="missing")["topics"] == []
     assert stats(http, topic="shape", channel="other")["topics"] == []
+
+
+def test_stats_json_of_an_unknown_topic_is_nsqds_null_answer(nsqd: Daemon, http: httpx.Client) -> None:
+    """nsqd's ``GetStats`` returns early for a topic it does not have: ``topics`` and
+    ``producers`` are null even while a TCP producer is connected (Go's answer, recorded)."""
+    with RawClient(nsqd.tcp) as c:
+        c.send(encode_pub("known", b"x"))
+        c.expect_ok()
+        resp = http.get("/stats", params={"format": "json", "topic": "nosuch", "include_mem": "false"})
+        start = resp.json()["start_time"]
+        go = b'{"version":"1.3.0","health":"OK","start_time":%d,"topics":null,"producers":null}'
+        assert resp.content == go % start
+        # a known topic with a channel filter that matches nothing: an empty list, producers kept
+        known = stats(http, topic="known", channel="none", include_mem="false")
+        assert known["topics"] == [] and known["producers"][0]["pub_counts"] == [{"topic": "known", "count": 1}]
 
 
 def test_stats_text_layout(nsqd: Daemon, http: httpx.Client) -> None:
@@ -118,6 +139,67 @@ def test_stats_text_layout(nsqd: Daemon, http: httpx.Client) -> None:
             "re-q: 0     timeout: 0     msgs: 0        e2e%: \n") in text
     client = next(line for line in lines if line.startswith("        [V2 h:"))
     assert "ua" in client and "state: 3 inflt: 0    rdy: 1    fin: 0" in client
+
+
+@pytest.fixture
+def utc() -> Iterator[None]:
+    """The process's local time zone is UTC (as the server's was when Go's answer was recorded)."""
+    saved = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    yield
+    if saved is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = saved
+    time.tzset()
+
+
+def test_stats_text_is_nsqds_byte_for_byte(utc: None) -> None:
+    """Go's printStats for this document (recorded from nsqd v1.3.0's format strings): the
+    start time as RFC 3339 in the local zone (``Z`` for UTC), the uptime as a Go duration to
+    the nanosecond, e2e percentiles as their humanized values only, clients' and producers'
+    connection age truncated to the second."""
+    start = 1764053928  # 2025-11-25T06:58:48Z
+    client = {"client_id": "c", "hostname": "h", "version": "V2", "remote_address": "127.0.0.1:5555",
+              "state": 3, "ready_count": 10, "in_flight_count": 2, "message_count": 7, "finish_count": 5,
+              "requeue_count": 0, "connect_ts": start + 3, "user_agent": "go-nsq/1.1.0"}
+    producer = {**client, "remote_address": "127.0.0.1:6666", "user_agent": "ua",
+                "pub_counts": [{"topic": "orders", "count": 9}]}
+    e2e = {"count": 3, "percentiles": [{"quantile": 0.5, "value": 1_234_567},
+                                       {"quantile": 0.99, "value": 2_500_000_000}]}
+    doc = {"version": "1.3.0", "health": "OK", "start_time": start,
+           "topics": [{"topic_name": "orders", "depth": 12, "backend_depth": 3, "message_count": 9, "paused": True,
+                       "e2e_processing_latency": e2e,
+                       "channels": [{"channel_name": "archive", "depth": 4, "backend_depth": 1, "in_flight_count": 2,
+                                     "deferred_count": 1, "requeue_count": 0, "timeout_count": 3, "message_count": 9,
+                                     "paused": False, "e2e_processing_latency": {"count": 0, "percentiles": None},
+                                     "clients": [client]}]}],
+           "producers": [producer]}
+    now = (start + 83) * 1_000_000_000 + 456_789_012
+    assert format_text(doc, now_ns=now, start_ns=start * 1_000_000_000).split("\n", 1)[1] == (
+        "start_time 2025-11-25T06:58:48Z\n"
+        "uptime 1m23.456789012s\n"
+        "\n"
+        "Health: OK\n"
+        "\n"
+        "Topics:\n"
+        "*P [orders         ] depth: 12    be-depth: 3     msgs: 9        e2e%: 1.2ms, 2.5s\n"
+        "      [archive                  ] depth: 4     be-depth: 1     inflt: 2    def: 1    re-q: 0     "
+        "timeout: 3     msgs: 9        e2e%: \n"
+        "        [V2 h:5555 go-nsq/1.1.0  ] state: 3 inflt: 2    rdy: 10   fin: 5        re-q: 0        "
+        "msgs: 7        connected: 1m20s\n"
+        "\n"
+        "Producers:\n"
+        "   [V2 h:6666 ua            ] msgs: 9        topics: orders=9 connected: 1m20s\n")
+    assert format_text({**doc, "topics": None, "producers": None}, now_ns=now).endswith(
+        "\nTopics: None\n\nProducers: None\n")
+
+
+def test_stats_start_time_outside_utc_carries_the_offset(utc: None) -> None:
+    os.environ["TZ"] = "Asia/Kolkata"
+    time.tzset()
+    assert rfc3339(1764053928) == "2025-11-25T12:28:48+05:30"
 
 
 def test_metrics_parse_and_match_stats(nsqd: Daemon, http: httpx.Client) -> None:

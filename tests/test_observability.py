@@ -3,6 +3,7 @@ statsd, and the HTTPS API (--https-address, --tls-required for HTTP)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -153,13 +154,17 @@ def test_latency_quantiles_move_when_the_consumer_slows_down(nsqd_factory: Calla
     nsqd = nsqd_factory("--e2e-processing-latency-percentile=0.5",
                         "--e2e-processing-latency-percentile=0.99")
     with RawClient(nsqd.tcp) as c:
-        c.send(encode_pub("lat", b"warm"))
-        c.expect_ok()
         c.send(encode_sub("lat", "ch"))
         c.expect_ok()
         topic_e2e, channel_e2e = latency(nsqd)
         assert channel_e2e == {"count": 0, "percentiles": [{"quantile": 0.5, "value": 0.0},
                                                            {"quantile": 0.99, "value": 0.0}]}
+        # Go writes a float64 with no fraction without ".0" (encoding/json): recorded bytes
+        raw = httpx.get(f"{nsqd.http_url}/stats", params={"format": "json"}, timeout=5).content
+        assert b'"e2e_processing_latency":{"count":0,"percentiles":[{"quantile":0.5,"value":0},' \
+               b'{"quantile":0.99,"value":0}]}' in raw
+        c.send(encode_pub("lat", b"warm"))  # after the stats calls: they are not its latency
+        c.expect_ok()
         c.send(encode_rdy(1))
         c.send(encode_fin(c.read_message().id))
         for i in range(20):  # a fast consumer: FIN on arrival
@@ -183,7 +188,9 @@ def test_latency_quantiles_move_when_the_consumer_slows_down(nsqd_factory: Calla
     metrics = httpx.get(f"{nsqd.http_url}/metrics", timeout=5).text
     assert 'nsq_channel_e2e_processing_latency_seconds{channel="ch",quantile="0.99",topic="lat"}' in metrics
     text = httpx.get(f"{nsqd.http_url}/stats", timeout=5).text
-    assert "e2e%: 0.50:" in text
+    # nsqd's quantile.Result.String: only the values, humanized (NanoSecondToHuman), comma-joined
+    assert re.search(r"\] depth: 0     be-depth: 0     inflt: 0    def: 0    re-q: 0     timeout: 0     "
+                     r"msgs: 26       e2e%: \d+\.\d(ns|us|ms|s), \d+\.\d(ns|us|ms|s)\n", text), text
 
 
 def test_no_percentiles_means_null_percentiles(nsqd: Daemon) -> None:

@@ -55,6 +55,9 @@ def node(tmp_path: Path) -> Iterator[NodeFactory]:
     remove_segments(started)  # shared memory outlives the daemons: give it back
 
 
+SHARD_STATS = "/stats?format=json&include_shards=true"  # with pynsqd's shard facts
+
+
 def get_json(nsqd: Daemon, path: str) -> Any:
     with urllib.request.urlopen(nsqd.http_url + path, timeout=scaled(10)) as resp:
         return json.loads(resp.read())
@@ -108,7 +111,7 @@ def test_forty_topics_on_four_shards_every_message_arrives_at_its_owner(node: No
         for c in consumers:
             assert sorted(c.received) == sorted(f"{c.topic}:{r}:{k}".encode() for r in range(5) for k in range(20))
             assert set(c.received.values()) == {1}
-        stats = get_json(nsqd, "/stats?format=json")
+        stats = get_json(nsqd, SHARD_STATS)
         table = owners(tmp_path)
         assert sorted(table[t] for t in topics) == sorted(list(range(4)) * 10)  # 10 topics per shard
         for (topic, _), shards in client_shards(stats).items():
@@ -138,13 +141,13 @@ def test_kill_9_of_a_shard_under_load(node: NodeFactory, tmp_path: Path) -> None
         await producer.connect()
         await producer.mpub(topics[0], [b"first"])
         victim = next(s for s in range(4) if s != table[topics[0]])  # not the producer's shard
-        before = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"]
+        before = get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"]
         for r in range(30):
             for t in topics:
                 await producer.mpub(t, [f"{t}:{r}:{k}".encode() for k in range(10)])
             if r == 10:
                 os.kill(before[victim]["pid"], signal.SIGKILL)
-        await _until(lambda: get_json(nsqd, "/stats?format=json")["supervisor"]["shard_restarts"] == 1,
+        await _until(lambda: get_json(nsqd, SHARD_STATS)["supervisor"]["shard_restarts"] == 1,
                      30, "the shard's restart")
         acked = set(producer.acked)
 
@@ -154,7 +157,7 @@ def test_kill_9_of_a_shard_under_load(node: NodeFactory, tmp_path: Path) -> None
 
         await _until(lambda: all(want(c) <= set(c.received) for c in consumers), 60,
                      "every acknowledged message")
-        after = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"]
+        after = get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"]
         assert after[victim]["pid"] != before[victim]["pid"] and after[victim]["ready"]
         for c in consumers:
             assert set(c.received) == want(c)  # nothing lost, nothing invented
@@ -271,7 +274,7 @@ def test_a_connection_that_subscribes_elsewhere_is_relayed(node: NodeFactory, tm
             assert p.read_frame() == (FRAME_RESPONSE, b"OK")
         kind, data = c.read_frame()
         assert kind == FRAME_MESSAGE and Message(data).body == b"through the relay"
-        stats = get_json(nsqd, "/stats?format=json")
+        stats = get_json(nsqd, SHARD_STATS)
         assert client_shards(stats)[(other, "ch")] == {owners(tmp_path)[other]}
         assert stats["supervisor"]["relays"] == 1
 
@@ -324,11 +327,11 @@ def test_an_upgraded_connection_is_relayed_through_its_codec(node: NodeFactory, 
             c.send(b"FIN " + msg.id + b"\n")
             c.send(encode_pub(topic, b"x"))  # PUB after SUB, answered through the relay too
             c.expect_ok()
-            client = next(cl for t in get_json(nsqd, "/stats?format=json")["topics"] if t["topic_name"] == topic
+            client = next(cl for t in get_json(nsqd, SHARD_STATS)["topics"] if t["topic_name"] == topic
                           for ch in t["channels"] for cl in ch["clients"])
             assert client["tls"] is tls and client["shard"] == owner[topic]
             assert client["snappy"] is (compression == "snappy") and client["deflate"] is (compression == "deflate")
-    assert get_json(nsqd, "/stats?format=json")["supervisor"]["relays"] == 2
+    assert get_json(nsqd, SHARD_STATS)["supervisor"]["relays"] == 2
 
 
 def test_an_authenticated_connection_keeps_its_session_through_the_relay(node: NodeFactory, tmp_path: Path) -> None:
@@ -361,11 +364,11 @@ def test_an_authenticated_connection_keeps_its_session_through_the_relay(node: N
                 c.send(encode_sub(topic, "ch") + encode_rdy(1))
                 c.expect_ok()
                 assert c.read_message().body == b"x"
-                client = next(cl for t in get_json(nsqd, "/stats?format=json")["topics"] if t["topic_name"] == topic
+                client = next(cl for t in get_json(nsqd, SHARD_STATS)["topics"] if t["topic_name"] == topic
                               for ch in t["channels"] for cl in ch["clients"])
                 assert client["shard"] == owner[topic] and client["auth_identity"] == "alice"
         assert len(auth.requests) == queries + 8  # one per AUTH: the owner never asked again
-        assert get_json(nsqd, "/stats?format=json")["supervisor"]["relays"] >= 2
+        assert get_json(nsqd, SHARD_STATS)["supervisor"]["relays"] >= 2
     finally:
         auth.stop()
 
@@ -385,12 +388,12 @@ def test_admin_calls_reach_the_owner_and_stats_show_one_node(node: NodeFactory, 
         assert post(f"/channel/pause?topic={t}&channel=c") == 200
     assert {owners(tmp_path)[t] for t in topics} == {0, 1}
     for _ in range(4):
-        stats = get_json(nsqd, "/stats?format=json")
+        stats = get_json(nsqd, SHARD_STATS)
         assert [t["topic_name"] for t in stats["topics"]] == topics
         assert all(t["channels"][0]["paused"] for t in stats["topics"])
     for t in topics[:4]:
         assert post(f"/topic/delete?topic={t}") == 200
-    assert [t["topic_name"] for t in get_json(nsqd, "/stats?format=json")["topics"]] == topics[4:]
+    assert [t["topic_name"] for t in get_json(nsqd, SHARD_STATS)["topics"]] == topics[4:]
     with urllib.request.urlopen(nsqd.http_url + "/metrics", timeout=scaled(10)) as resp:
         text = resp.read().decode()
     assert all(f'nsq_channel_paused{{channel="c",topic="{t}"}} 1.0' in text for t in topics[4:])
@@ -418,7 +421,7 @@ def test_an_admin_call_whose_owner_shard_is_down_answers_500_internal_error(node
     table = owners(tmp_path)
     topic = next(t for t in topics if table[t] == 1)
     failed = (500, b'{"message":"INTERNAL_ERROR"}', "nsq; version=1.0")
-    pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1]["pid"]
+    pid = get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"][1]["pid"]
 
     _stop(nsqd, 1, pid)  # the only shard that takes the connection is shard 0
     try:
@@ -464,7 +467,7 @@ def test_http_connections_go_to_the_shards_in_turn_and_a_stalled_one_is_passed_o
     six. A shard whose loop stops gets none, and every new connection is answered at once by
     the other shard; once it beats again it gets its turn back."""
     nsqd = node("--shards=2")
-    pids = [s["pid"] for s in get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"]]
+    pids = [s["pid"] for s in get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"]]
     info = b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n"  # answered by the shard that has the connection
     socks = [socket.create_connection(nsqd.http, timeout=scaled(10)) for _ in range(6)]
     try:
@@ -491,7 +494,7 @@ def test_http_connections_go_to_the_shards_in_turn_and_a_stalled_one_is_passed_o
     finally:
         for sock in socks:
             sock.close()
-    assert get_json(nsqd, "/stats?format=json")["supervisor"]["http_handoffs"] >= 13
+    assert get_json(nsqd, SHARD_STATS)["supervisor"]["http_handoffs"] >= 13
     with urllib.request.urlopen(nsqd.http_url + "/metrics", timeout=scaled(10)) as resp:
         assert re.search(rb"^nsq_supervisor_http_handoffs_total (1[4-9]|[2-9]\d)\.0$", resp.read(), re.M)
 
@@ -500,7 +503,7 @@ def test_while_every_shard_is_stalled_an_http_connection_waits_and_is_then_serve
     """One shard, stopped: the supervisor hands the connection to nobody (it is not lost
     either). The request waits, and is answered once the shard beats again."""
     nsqd = node("--shards=1")
-    pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][0]["pid"]
+    pid = get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"][0]["pid"]
     _stop(nsqd, 0, pid)
     try:
         with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
@@ -516,18 +519,18 @@ def test_while_every_shard_is_stalled_an_http_connection_waits_and_is_then_serve
             assert data.startswith(b"HTTP/1.1 200 OK")
     finally:
         os.kill(pid, signal.SIGCONT)
-    assert get_json(nsqd, "/stats?format=json")["supervisor"]["http_handoffs"] >= 3
+    assert get_json(nsqd, SHARD_STATS)["supervisor"]["http_handoffs"] >= 3
 
 
 def test_a_shard_whose_loop_stops_beating_is_killed_and_restarted(node: NodeFactory) -> None:
     nsqd = node("--shards=2", env={"PYNSQD_SHARD_TIMEOUT": "1"})
-    pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1]["pid"]
+    pid = get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"][1]["pid"]
     os.kill(pid, signal.SIGSTOP)  # the process is alive, its loop is not
     nsqd.wait_for_log(rf"shard 1 \(pid {pid}\): no heartbeat", timeout=10)
     nsqd.wait_for_log(rf"shard 1 \(pid {pid}\): still stuck - SIGKILL", timeout=10)
     nsqd.wait_for_log(r"shard 1: restarting", timeout=10)
-    wait_for(lambda: get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1]["ready"]
-             and get_json(nsqd, "/stats?format=json")["supervisor"]["shard_restarts"] == 1, 20,
+    wait_for(lambda: get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"][1]["ready"]
+             and get_json(nsqd, SHARD_STATS)["supervisor"]["shard_restarts"] == 1, 20,
              what="the restarted shard")
 
 
@@ -546,7 +549,7 @@ def test_a_shard_that_cannot_boot_stops_the_node_with_one_line(node: NodeFactory
 def _drained(nsqd: Daemon, topic: str, channel: str) -> bool:
     """Nothing left in ``topic:channel``: not queued, in flight or deferred."""
     return all(c["depth"] == c["in_flight_count"] == c["deferred_count"] == 0
-               for t in get_json(nsqd, "/stats?format=json")["topics"] if t["topic_name"] == topic
+               for t in get_json(nsqd, SHARD_STATS)["topics"] if t["topic_name"] == topic
                for c in t["channels"] if c["channel_name"] == channel)
 
 
@@ -574,7 +577,7 @@ def test_cross_shard_mpubs_are_framed_runs_where_they_fit_and_arrive_once_with_e
         p.send(encode_dpub(away, 200, b"deferred"))
         assert p.read_frame() == (FRAME_RESPONSE, b"OK")
     bodies = [b for batch in batches for b in batch] + [b"deferred"]
-    stats = get_json(nsqd, "/stats?format=json")  # each owner drains its rings before answering
+    stats = get_json(nsqd, SHARD_STATS)  # each owner drains its rings before answering
     sup = stats["supervisor"]
     assert sup["cross_shard_sent"] == sup["cross_shard_received"] == 601
     assert sup["cross_shard_framed"] == 200
@@ -594,7 +597,7 @@ def test_cross_shard_mpubs_are_framed_runs_where_they_fit_and_arrive_once_with_e
                 c.send(encode_fin(m.id))
             assert sorted(got) == sorted(bodies)
             wait_for(functools.partial(_drained, nsqd, away, channel), 10, what=f"channel {channel} drained")
-    (topic,) = [t for t in get_json(nsqd, "/stats?format=json")["topics"] if t["topic_name"] == away]
+    (topic,) = [t for t in get_json(nsqd, SHARD_STATS)["topics"] if t["topic_name"] == away]
     assert [c["message_count"] for c in topic["channels"]] == [601, 601] and topic["message_count"] == 601
 
 
@@ -605,7 +608,7 @@ def test_a_full_inbound_ring_holds_the_publisher_back_and_loses_nothing(node: No
         assert p.read_frame() == (FRAME_RESPONSE, b"OK")
         home = owners(tmp_path)["bp_home"]
         away = next(f"bp_away{i}" for i in range(50) if _owner_after_create(nsqd, tmp_path, f"bp_away{i}") != home)
-        pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1 - home]["pid"]
+        pid = get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"][1 - home]["pid"]
         os.kill(pid, signal.SIGSTOP)  # the owner stops draining its inbound ring (16 MiB)
         try:
             batches = [[b"%04d-%04d-" % (b, i) + b"z" * 10_000 for i in range(100)] for b in range(24)]
@@ -658,7 +661,7 @@ def test_http_publish_waits_for_room_in_a_full_inbound_ring_and_loses_nothing(no
     then OK once the owner drains; every message arrives."""
     nsqd = node("--shards=2", "--mem-queue-size=100000")
     topic = "http_bp"
-    pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][
+    pid = get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"][
         _owner_after_create(nsqd, tmp_path, topic)]["pid"]
     bodies = [b"\n".join(b"%d-%04d-" % (b, i) + b"y" * 4000 for i in range(1000)) for b in range(5)]
     requests = [b"POST /mpub?topic=%s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
@@ -696,7 +699,7 @@ def test_an_inbound_ring_survives_kill_9_of_the_whole_tree_and_a_clean_exit_remo
         assert p.read_frame() == (FRAME_RESPONSE, b"OK")
         home = owners(tmp_path)["ring_home"]
         away = next(f"ring_away{i}" for i in range(50) if _owner_after_create(nsqd, tmp_path, f"ring_away{i}") != home)
-        pid = get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][1 - home]["pid"]
+        pid = get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"][1 - home]["pid"]
         os.kill(pid, signal.SIGSTOP)  # the owner never drains: the OKed batch is only in shm
         p.send(encode_mpub(away, [b"kept-%d" % i for i in range(50)]))
         assert p.read_frame() == (FRAME_RESPONSE, b"OK")
@@ -717,7 +720,7 @@ def _stop_away_owner(nsqd: Daemon, tmp_path: Path, p: RawClient, prefix: str) ->
     home = owners(tmp_path)[f"{prefix}_home"]
     away = next(f"{prefix}_away{i}" for i in range(50)
                 if _owner_after_create(nsqd, tmp_path, f"{prefix}_away{i}") != home)
-    return away, get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][owners(tmp_path)[away]]["pid"]
+    return away, get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"][owners(tmp_path)[away]]["pid"]
 
 
 def test_a_cross_shard_dpub_is_due_counted_from_its_ok(node: NodeFactory, tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from pynsqd.shard.crossrecord import decode_batch, encode_batch
 from pynsqd.shard.crossshard import ring_name
 from pynsqd.shard.node import make_backend
 from pynsqd.shm import sidecar, store
+from pynsqd.shm.cpu import refusal
 from pynsqd.shm.ring import HEADER_SIZE as RING_HEADER_SIZE
 from pynsqd.shm.ring import ByteRing
 from pynsqd.shm.segment import Segment, list_segments, segment_name, unlink_segment
@@ -168,7 +171,7 @@ def test_cross_shard_batch_codec() -> None:
         decode_batch(data + b"x")
 
 
-def _doc(topics: list[dict[str, Any]], producers: list[Any] | None, health: str = "OK") -> dict[str, Any]:
+def _doc(topics: list[dict[str, Any]] | None, producers: list[Any] | None, health: str = "OK") -> dict[str, Any]:
     return {"version": "1.3.0", "health": health, "start_time": 100, "topics": topics,
             "memory": {"heap_objects": 1, "gc_total_runs": 2}, "producers": producers,
             "shard_counters": {"handoffs": 1, "cross_shard_sent": 5}}
@@ -199,6 +202,20 @@ def test_merge_stats_is_one_node_in_the_single_node_shape() -> None:
     assert doc["health"] == "NOK - disk" and doc["producers"] == [{"remote_address": "x"}]
     assert doc["memory"] == {"heap_objects": 2, "gc_total_runs": 4}
     assert doc["supervisor"] == {"shards": 2, "handoffs": 2, "cross_shard_sent": 10}
+    # without the supervisor's figures (the default /stats) the shard counters go nowhere
+    assert list(merge_stats([a, b])) == ["version", "health", "start_time", "topics", "memory", "producers"]
+
+
+def test_merge_stats_of_a_topic_no_shard_has_is_nsqds_null_answer() -> None:
+    """nsqd returns early for an unknown ``topic`` filter: topics and producers are null,
+    though a shard has a producer; a topic one shard has keeps every shard's producers."""
+    a = _doc(None, [{"remote_address": "x"}])
+    b = _doc(None, None)
+    doc = merge_stats([a, b], topic="nosuch")
+    assert doc["topics"] is None and doc["producers"] is None
+    c = _doc([_topic("t", [], 1)], None)
+    doc = merge_stats([_doc(None, [{"remote_address": "x"}]), c], topic="t")
+    assert [t["topic_name"] for t in doc["topics"]] == ["t"] and doc["producers"] == [{"remote_address": "x"}]
 
 
 
@@ -250,3 +267,28 @@ def test_a_corrupt_leftover_ring_is_logged_and_removed_not_a_failed_start(tmp_pa
         seg.close()
         for name in list_segments(data):
             unlink_segment(name)
+
+
+@pytest.mark.parametrize(("system", "machine", "refused"), [
+    ("Linux", "x86_64", None), ("Linux", "AMD64", None),
+    ("Linux", "aarch64", "x86-64 only (this CPU is aarch64)"), ("Linux", "armv7l", "x86-64 only"),
+    ("Linux", "ppc64le", "x86-64 only"), ("Linux", "riscv64", "x86-64 only"), ("Linux", "i686", "x86-64 only"),
+    ("Darwin", "x86_64", "Linux only (this is Darwin)"), ("Darwin", "arm64", "Linux only"),
+    ("Windows", "AMD64", "Linux only"), ("FreeBSD", "amd64", "Linux only"),
+])
+def test_nsqd_runs_only_where_the_rings_store_order_holds(system: str, machine: str, refused: str | None) -> None:
+    """The rule: Linux (/dev/shm, SOCK_SEQPACKET, eventfd) on x86-64 (its TSO orders the ring's
+    index store after the record bytes; other CPUs would need barriers)."""
+    why = refusal(system, machine)
+    assert why is None if refused is None else refused in str(why)
+
+
+def test_nsqd_on_another_cpu_exits_at_once_with_one_line(tmp_path: Path) -> None:
+    code = ("import platform, sys; platform.machine = lambda: 'aarch64'; "
+            "from pynsqd.supervisor.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code, f"--data-path={tmp_path}", "--tcp-address=127.0.0.1:0",
+                           "--http-address=127.0.0.1:0"], capture_output=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (1, b"")
+    assert proc.stderr.decode() == ("nsqd: error: pynsqd's nsqd runs on x86-64 only (this CPU is aarch64): its "
+                                    "shared-memory rings rely on x86-64 store ordering\n")
+    assert list(tmp_path.iterdir()) == [] and list_segments(str(tmp_path)) == []  # nothing was started

@@ -94,7 +94,8 @@ def test_to_nsq_100k_lines_to_nsq_to_file_rotated_and_gzipped(nsqd: Daemon, tmp_
     pub = start(procs, "to_nsq", "--topic=archive", tcp(nsqd), stdin=subprocess.PIPE)
     _, err = pub.communicate(b"\n".join(lines) + b"\n", timeout=scaled(120))
     assert pub.returncode == 0, err
-    assert "published 100000 messages" in err.decode()
+    finals = [line for line in err.decode().splitlines() if "published" in line and "so far" not in line]
+    assert len(finals) == 1 and finals[0].endswith("published 100000 messages"), err  # the final count, once
     out, work = tmp_path / "out", tmp_path / "work"
     sink = start(procs, "nsq_to_file", "--topic=archive", tcp(nsqd), f"--output-dir={out}", f"--work-dir={work}",
                  "--gzip", "--rotate-size=300000", "--max-in-flight=1000")
@@ -249,10 +250,18 @@ def test_nsq_stat_columns(nsqd_factory: Callable[..., Daemon]) -> None:
     out, err = p.communicate(timeout=scaled(30))
     assert p.returncode == 0, err
     lines = out.decode().splitlines()
-    assert lines[:2] == ["---------------depth---------------+--------------metadata---------------",
-                         "  total    mem    disk inflt   def |     req     t-o         msgs clients"]
-    assert lines[2] == lines[3] == "      7      7       0     0     0 |       0       0            7       0"
+    # NSQ v1.3's nsq_stat, recorded: the header, then (from the second poll on) one line per poll
+    assert lines[:2] == [
+        "------rate------+----------------depth----------------+--------------metadata---------------",
+        "ingress  egress |   total     mem    disk inflt   def |     req     t-o         msgs clients"]
+    assert lines[2] == lines[3] == \
+        "      0       0 |       7       7       0     0     0 |       0       0            7       0"
     assert len(lines) == 4
+    # as NSQ's, a channel no producer has ends it: one line, status 1
+    p = tool("nsq_stat", "--topic=st", "--channel=nosuch", "--count=2", "--interval=100ms", *args)
+    out, err = p.communicate(timeout=scaled(30))
+    assert p.returncode == 1 and out == b""
+    assert err.decode() == "nsq_stat: error: failed to find channel(nosuch) in stats metadata for topic(st)\n"
 
 
 def test_to_nsq_rate_delimiter_and_sigterm(nsqd: Daemon, procs: list[subprocess.Popen[bytes]]) -> None:

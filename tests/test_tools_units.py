@@ -21,7 +21,7 @@ from pynsqd.tools.filelog import FileLog, FileLogConfig
 from pynsqd.tools.nsq_stat import channel_totals, format_row
 from pynsqd.tools.nsq_to_nsq import Options as NsqToNsqOptions
 from pynsqd.tools.nsq_to_nsq import transform
-from pynsqd.tools.to_nsq import Pacer
+from pynsqd.tools.to_nsq import REPORT_EVERY, Pacer, Progress
 from pynsqd.tools.upstream import INITIAL_RETRY, Upstreams
 
 
@@ -39,6 +39,15 @@ def test_round_robin_multicast_and_hostpool_failover() -> None:
     assert hp.pick(101) == ["b"]  # all dead: the one back soonest (a's retry doubled)
     with pytest.raises(ValueError):
         Upstreams(["a"], "random")
+
+
+def test_to_nsq_progress_never_looks_like_the_final_count() -> None:
+    """Progress while reading says "so far", only when the count moved; the final count is one line."""
+    progress = Progress(now=0.0)
+    assert progress.line(REPORT_EVERY - 1, 10) is None
+    assert progress.line(REPORT_EVERY, 299) == "299 messages published so far"
+    assert progress.line(2 * REPORT_EVERY + 1, 299) is None  # nothing new to say
+    assert progress.final(300) == "published 300 messages"
 
 
 def test_pacer_in_virtual_time() -> None:
@@ -139,8 +148,15 @@ def test_nsq_stat_sums_nodes_and_formats_columns() -> None:
          "requeue_count": 5, "timeout_count": 1, "message_count": 100, "client_count": 2},
         {"channel_name": "other", "depth": 99}]}]}
     totals = channel_totals([node, node, None], "t", "c")
+    assert totals is not None
     assert totals["depth"] == 20 and totals["memory_depth"] == 12 and totals["backend_depth"] == 8
-    assert format_row(totals) == "     20     12       8     4     2 |      10       2          200       4"
+    # NSQ v1.3's "%7d %7d | %7d %7d %7d %5d %5d | %7d %7d %12d %7d": ingress is the message_count
+    # difference per second of --interval, egress that minus the depth difference, truncated
+    before = {**totals, "message_count": 100, "depth": 27}
+    assert format_row(totals, before, 2.0) == \
+        "     50      53 |      20      12       8     4     2 |      10       2          200       4"
+    assert format_row(totals, {**before, "depth": 10}, 3.0).startswith("     33      30 |")
+    assert channel_totals([node], "t", "nosuch") is None
 
 
 def test_filelog_work_dir_on_another_file_system(tmp_path: Path) -> None:

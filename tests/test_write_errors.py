@@ -123,7 +123,7 @@ def _get_json(nsqd: Daemon, path: str, method: str = "GET") -> Any:
 
 
 def _shard_pid(nsqd: Daemon, shard: int = 0) -> int:
-    return int(_get_json(nsqd, "/stats?format=json")["supervisor"]["shard_status"][shard]["pid"])
+    return int(_get_json(nsqd, "/stats?format=json&include_shards=true")["supervisor"]["shard_status"][shard]["pid"])
 
 
 def _prlimit(pid: int, fsize: str) -> None:

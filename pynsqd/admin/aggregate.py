@@ -9,7 +9,9 @@ NSQ's ``TopicStats``/``ChannelStats``/``ClientStats`` JSON (adding ``node``, ``h
 ``total_channel`` add them up the way nsqadmin's ``Add`` does: counters and depths summed,
 ``paused`` if any node is paused, the per-node rows kept under ``nodes``, channels merged by
 name, clients concatenated, and end-to-end latency percentiles merged into min/max/average
-per quantile. Nothing here does I/O, so the API handlers and the tests share it.
+per quantile. ``clients`` are null where Go's are: a node's when its nsqd sent null (asked
+without clients), a sum's when no node had a client (Go's ``append`` of nothing to nil).
+Nothing here does I/O, so the API handlers and the tests share it.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def node_channel(raw: dict[str, Any], topic: str, node: str, hostname: str, now_
         "requeue_count": int(raw.get("requeue_count", 0)), "timeout_count": int(raw.get("timeout_count", 0)),
         "message_count": int(raw.get("message_count", 0)), "client_count": int(raw.get("client_count", 0)),
         "nodes": None,
-        "clients": [node_client(c, node, now_ns) for c in raw.get("clients") or []],
+        "clients": None if raw.get("clients") is None else [node_client(c, node, now_ns) for c in raw["clients"]],
         "paused": bool(raw.get("paused", False)),
         "e2e_processing_latency": latency(raw.get("e2e_processing_latency"), node, topic, raw["channel_name"]),
     }
@@ -97,7 +99,7 @@ def node_topic(raw: dict[str, Any], node: str, hostname: str, now_ns: int | None
 
 def empty_channel(topic: str, channel: str) -> dict[str, Any]:
     return {"node": "*", "hostname": "", "topic_name": topic, "channel_name": channel,
-            **dict.fromkeys(_CHANNEL_SUMS, 0), "nodes": [], "clients": [], "paused": False,
+            **dict.fromkeys(_CHANNEL_SUMS, 0), "nodes": [], "clients": None, "paused": False,
             "e2e_processing_latency": latency(None, "*", topic, channel)}
 
 
@@ -106,7 +108,8 @@ def add_channel(total: dict[str, Any], node: dict[str, Any]) -> None:
         total[key] += node[key]
     total["paused"] = total["paused"] or node["paused"]
     total["nodes"].append(node)
-    total["clients"].extend(node["clients"])
+    if node["clients"]:
+        total["clients"] = (total["clients"] or []) + node["clients"]
     merge_latency(total["e2e_processing_latency"], node["e2e_processing_latency"])
 
 
@@ -134,5 +137,6 @@ def total_channel(topic: str, channel: str, nodes: list[dict[str, Any]]) -> dict
     total = empty_channel(topic, channel)
     for node in sorted(nodes, key=lambda n: n["node"]):
         add_channel(total, node)
-    total["clients"].sort(key=lambda c: (c["hostname"], c["node"], c["remote_address"]))
+    if total["clients"]:
+        total["clients"].sort(key=lambda c: (c["hostname"], c["node"], c["remote_address"]))
     return total

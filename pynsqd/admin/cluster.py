@@ -5,13 +5,15 @@ Theory of operation
 ``Cluster`` holds one ``httpx.AsyncClient`` (connection pooling, the connect and request
 timeouts and TLS settings of the ``--http-client-*`` flags) and asks many nodes at once:
 ``fan_out`` sends one request per URL concurrently and returns the decoded answers together
-with one error text per node that failed (refused, timed out, non-200, bad JSON). Callers
-turn the errors into NSQ's reporting: all failed → ``AllFailed`` (the API answers 502
-``UPSTREAM_ERROR: …``), some failed → ``Partial`` warnings (200 with ``"message":
-"WARNING: …"``). Only documented routes of NSQ v1.3 are used (``/topics``, ``/nodes``,
-``/lookup``, ``/channels`` and the create/delete/tombstone routes on nsqlookupd; ``/info``,
-``/stats?format=json`` and the topic/channel action routes on nsqd), so any NSQ v1.3 node
-works, not only pynsqd's.
+with one error text per node that failed (refused, timed out, non-200, bad JSON), in Go's
+words where they are its own (``got response 404 Not Found "{\"message\":…}"``, ``Get
+"<url>": <reason>``). Callers turn the errors into NSQ's reporting: all failed →
+``AllFailed`` (the API answers 502 ``UPSTREAM_ERROR: failed to query any nsqlookupd: …``, or
+``… any nsqd: …``, which is also the answer when a topic has no producer to ask), some
+failed → ``Partial`` warnings (200 with ``"message": "WARNING: …"``). Only documented
+routes of NSQ v1.3 are used (``/topics``, ``/nodes``, ``/lookup``, ``/channels`` and the
+create/delete/tombstone routes on nsqlookupd; ``/info``, ``/stats?format=json`` and the
+topic/channel action routes on nsqd), so any NSQ v1.3 node works, not only pynsqd's.
 
 Producers (nsqd nodes) are keyed as NSQ keys them, ``<broadcast_address>:<http_port>``; in
 ``--nsqd-http-address`` mode the configured addresses are the producers and ``/info`` names
@@ -122,11 +124,12 @@ class Cluster:
         try:
             response = await self.client.request(method, url)
         except httpx.HTTPError as exc:
-            raise UpstreamError(f"{method} {url}: {_reason(exc)}") from None
+            raise UpstreamError(f'{method.capitalize()} "{url}": {_reason(exc)}') from None
         if response.status_code != 200:
             if response.status_code in ok_statuses:
                 return None
-            raise UpstreamError(f"{method} {url}: got response {response.status_code} {response.text.strip()}")
+            raise UpstreamError(f"got response {response.status_code} {response.reason_phrase} "
+                                f"{go_quote(response.content)}")
         if not response.content:
             return None
         try:
@@ -163,12 +166,12 @@ class Cluster:
             stats, errors = await self.node_stats(self.nsqds, include_clients=False)
             names = {t["topic_name"] for _, data in stats for t in data.get("topics") or []}
             total = len(self.nsqds)
-        _raise_if_all_failed(errors, total)
+        _raise_if_all_failed(errors, total, "nsqlookupd" if self.lookupds else "nsqd")
         return sorted(names), errors
 
     async def topic_channels(self, topic: str) -> tuple[list[str], list[str]]:
         answers, errors = await self.fan_out("GET", [(a, "/channels", {"topic": topic}) for a in self.lookupds])
-        _raise_if_all_failed(errors, len(self.lookupds))
+        _raise_if_all_failed(errors, len(self.lookupds), "nsqlookupd")
         return sorted({c for _, data in answers for c in (data or {}).get("channels") or []}), errors
 
     async def producers(self) -> tuple[list[Producer], list[str]]:
@@ -176,7 +179,7 @@ class Cluster:
         if not self.lookupds:
             return await self._nsqd_producers(self.nsqds, None)
         answers, errors = await self.fan_out("GET", [(a, "/nodes", None) for a in self.lookupds])
-        _raise_if_all_failed(errors, len(self.lookupds))
+        _raise_if_all_failed(errors, len(self.lookupds), "nsqlookupd")
         merged: dict[str, Producer] = {}
         for _, data in answers:
             for peer in (data or {}).get("producers") or []:
@@ -192,13 +195,14 @@ class Cluster:
                 producer.topics = sorted(known.values(), key=lambda t: t["topic"])
         return _finish(merged), errors
 
-    async def topic_producers(self, topic: str) -> tuple[list[Producer], list[str]]:
-        """The nsqds that hold ``topic`` (lookupd ``/lookup``; a 404 there means none)."""
+    async def topic_producers(self, topic: str, strict: bool = False) -> tuple[list[Producer], list[str]]:
+        """The nsqds that hold ``topic`` (lookupd ``/lookup``; a 404 there means none, or, when
+        ``strict`` as nsqadmin's topic and channel pages take it, that lookupd failed)."""
         if not self.lookupds:
             return await self._nsqd_producers(self.nsqds, topic)
         answers, errors = await self.fan_out("GET", [(a, "/lookup", {"topic": topic}) for a in self.lookupds],
-                                             ok_statuses=(404,))
-        _raise_if_all_failed(errors, len(self.lookupds))
+                                             ok_statuses=() if strict else (404,))
+        _raise_if_all_failed(errors, len(self.lookupds), "nsqlookupd")
         merged: dict[str, Producer] = {}
         for _, data in answers:
             for peer in (data or {}).get("producers") or []:
@@ -222,7 +226,7 @@ class Cluster:
         infos, errors = await self.fan_out("GET", [(a, "/info", None) for a in addresses])
         stats, more = await self.node_stats([a for a, _ in infos], topic=topic, include_clients=False)
         errors += more
-        _raise_if_all_failed(errors, len(addresses))
+        _raise_if_all_failed(errors, len(addresses), "nsqd")
         topics_of = {address: [t["topic_name"] for t in data.get("topics") or []] for address, data in stats}
         merged: dict[str, Producer] = {}
         for address, info in infos:
@@ -247,10 +251,11 @@ class Cluster:
     async def producer_stats(self, producers: list[Producer], topic: str | None = None,
                              channel: str | None = None, include_clients: bool = True
                              ) -> tuple[list[tuple[Producer, Any]], list[str]]:
-        """Stats of each producer, paired with it; raises ``AllFailed`` if none answered."""
+        """Stats of each producer, paired with it; raises ``AllFailed`` if none answered, or
+        there was none to ask (nsqadmin's ``GetNSQDStats``)."""
         by_address = {p.http_address: p for p in producers}
         answers, errors = await self.node_stats(list(by_address), topic, channel, include_clients)
-        _raise_if_all_failed(errors, len(producers))
+        _raise_if_all_failed(errors, len(producers), "nsqd", none_fails=True)
         return [(by_address[a], d) for a, d in answers], errors
 
 
@@ -275,9 +280,36 @@ def _reason(exc: httpx.HTTPError) -> str:
     return text.splitlines()[0]
 
 
-def _raise_if_all_failed(errors: list[str], total: int) -> None:
-    if errors and len(errors) >= total:
-        raise AllFailed("\n".join(errors))
+def _raise_if_all_failed(errors: list[str], total: int, what: str, none_fails: bool = False) -> None:
+    """``AllFailed`` in Go's words when every one of ``total`` ``what`` failed (or, with
+    ``none_fails``, there were none)."""
+    if len(errors) >= total and (errors or none_fails):
+        raise AllFailed(f"failed to query any {what}: " + "\n".join(errors))
+
+
+def go_quote(data: bytes) -> str:
+    r"""Go's ``%q`` of a byte string (``strconv.Quote``): printable runes as they are, ``\"``
+    and ``\\``, C escapes, ``\xNN`` for other control bytes and bytes that are not UTF-8,
+    ``\uNNNN`` for other runes that are not printable."""
+    out = ['"']
+    named = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v",
+             '"': '\\"', "\\": "\\\\"}
+    for ch in data.decode("utf-8", "surrogateescape"):
+        code = ord(ch)
+        if ch in named:
+            out.append(named[ch])
+        elif 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif ch.isprintable() or ch == " ":
+            out.append(ch)
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
 
 
 def _finish(merged: dict[str, Producer]) -> list[Producer]:

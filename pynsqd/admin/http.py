@@ -202,28 +202,27 @@ class AdminHTTP:
         return channels
 
     async def topic(self, request: Request, params: dict[str, str]) -> Any:
+        """nsqadmin's topicHandler: a topic no lookupd knows, or no nsqd holds, is 502
+        ``UPSTREAM_ERROR`` (``Cluster.topic_producers`` strict, ``producer_stats`` of none)."""
         topic = params["topic"]
-        producers, messages = await self.cluster.topic_producers(topic)
-        nodes: list[dict[str, Any]] = []
-        if producers:
-            stats, more = await self.cluster.producer_stats(producers, topic, include_clients=False)
-            messages += more
-            nodes = [node_topic(t, p.http_address, p.hostname) for p, data in stats
-                     for t in data.get("topics") or [] if t["topic_name"] == topic]
+        producers, messages = await self.cluster.topic_producers(topic, strict=True)
+        stats, more = await self.cluster.producer_stats(producers, topic, include_clients=False)
+        messages += more
+        nodes = [node_topic(t, p.http_address, p.hostname) for p, data in stats
+                 for t in data.get("topics") or [] if t["topic_name"] == topic]
         return {**total_topic(topic, nodes), "message": warn(messages)}
 
     async def channel(self, request: Request, params: dict[str, str]) -> Any:
         topic, channel = params["topic"], params["channel"]
-        producers, messages = await self.cluster.topic_producers(topic)
+        producers, messages = await self.cluster.topic_producers(topic, strict=True)
+        stats, more = await self.cluster.producer_stats(producers, topic, channel, include_clients=True)
+        messages += more
         nodes: list[dict[str, Any]] = []
-        if producers:
-            stats, more = await self.cluster.producer_stats(producers, topic, channel, include_clients=True)
-            messages += more
-            for p, data in stats:
-                for t in data.get("topics") or []:
-                    if t["topic_name"] == topic:
-                        nodes += [c for c in node_topic(t, p.http_address, p.hostname)["channels"]
-                                  if c["channel_name"] == channel]
+        for p, data in stats:
+            for t in data.get("topics") or []:
+                if t["topic_name"] == topic:
+                    nodes += [c for c in node_topic(t, p.http_address, p.hostname)["channels"]
+                              if c["channel_name"] == channel]
         return {**total_channel(topic, channel, nodes), "message": warn(messages)}
 
     async def nodes(self, request: Request, params: dict[str, str]) -> Any:
@@ -241,7 +240,7 @@ class AdminHTTP:
                   for _, data in stats for t in data.get("topics") or []]
         return {"node": node, "topics": topics,
                 "total_messages": sum(t["message_count"] for t in topics),
-                "total_clients": sum(len(c["clients"]) for t in topics for c in t["channels"]),
+                "total_clients": sum(len(c["clients"] or []) for t in topics for c in t["channels"]),
                 "message": warn(messages)}
 
     async def counter(self, request: Request, params: dict[str, str]) -> Any:

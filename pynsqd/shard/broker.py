@@ -87,7 +87,8 @@ class Broker:
         self.shard = shard
         self.router: Router | None = None  # set by a worker of a multi-shard node
         self.clients: set[Any] = set()
-        self.start_time = int(time.time())
+        self.start_ns = time.time_ns()  # wall clock: /stats text's uptime
+        self.start_time = self.start_ns // 1_000_000_000
         self.health = "OK"
         self.exiting = False
         self._backend_factory = backend_factory or (lambda name, ephemeral: DropBackend())
@@ -146,7 +147,7 @@ class Broker:
 
     def _process_queue(self, kind: str, name: str, backend: Backend) -> MessageQueue:
         """A queue whose log lives in this process only (a broker without a node)."""
-        log_ = MessageLog(bytearray(buffer_size(max(self.opts.mem_queue_bytes, 1 << 16))), init=True)
+        log_ = MessageLog(bytearray(buffer_size(max(self.opts.mem_queue_bytes or 32 << 20, 1 << 16))), init=True)
         return MessageQueue(log_, self.opts.mem_queue_size, backend)
 
     def get_topic(self, name: str) -> Topic:

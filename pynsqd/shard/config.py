@@ -96,10 +96,11 @@ class NsqdOptions:
     data_path: str = flag("data-path", "", "path to store disk-backed messages")
     mem_queue_size: int = flag("mem-queue-size", 10000, "number of messages to keep in memory "
                                "(per topic/channel)", validate=_non_negative)
-    mem_queue_bytes: int = flag("mem-queue-bytes", 32 << 20, "(pynsqd) bytes of shared memory per "
-                                "topic/channel log, raised to hold two --max-msg-size messages; "
-                                "pages are used as messages arrive and given back once drained",
-                                validate=_positive)
+    mem_queue_bytes: int = flag("mem-queue-bytes", 0, "(pynsqd) if set, the bytes of shared memory "
+                                "of each topic/channel log, an extra bound on --mem-queue-size (raised to "
+                                "hold two --max-msg-size messages); default: each log grows to hold "
+                                "--mem-queue-size messages, within what /dev/shm and memory have",
+                                validate=_non_negative)
     max_bytes_per_file: int = flag("max-bytes-per-file", 104857600, "number of bytes per diskqueue "
                                    "file before rolling", validate=_positive)
     sync_every: int = flag("sync-every", 2500, "number of messages per diskqueue fsync",

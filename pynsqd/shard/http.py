@@ -30,12 +30,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pynsqd import NSQ_VERSION, logs
+from pynsqd.lookupd.http import go_json
 from pynsqd.options import config_value
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.config import LOG_LEVELS, NsqdOptions
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
-from pynsqd.shard.stats import format_text, node_stats
+from pynsqd.shard.stats import format_text, node_stats, stats_request
 from pynsqd.wire.commands import parse_mpub_body
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.names import is_valid_name
@@ -88,7 +89,7 @@ def api_response(data: Any = None, status: int = 200) -> Response:
         return Response(b"", status_code=status, headers=headers)
     if isinstance(data, (str, bytes)):
         return Response(data, status_code=status, headers=headers, media_type=TEXT_TYPE)
-    return Response(orjson.dumps(data), status_code=status, headers=headers, media_type=JSON_TYPE)
+    return Response(go_json(data), status_code=status, headers=headers, media_type=JSON_TYPE)
 
 
 def error_response(status: int, message: str) -> Response:
@@ -255,22 +256,15 @@ class NsqdHTTP:
     async def info_route(self, request: Request) -> Response:
         return api_response({"version": NSQ_VERSION, **self.info})
 
-    def _stats(self, params: dict[str, list[str]]) -> dict[str, Any]:
-        def flag(name: str) -> bool:
-            value = params.get(name, ["true"])[0]
-            return value not in ("false", "0")
-        return node_stats(self.broker, params.get("topic", [""])[0], params.get("channel", [""])[0],
-                          flag("include_clients"), flag("include_mem"))
-
     async def stats(self, request: Request) -> Response:
         params = parse_query(request.scope.get("query_string", b""))
         fmt = params.get("format", [""])[0]
         if fmt == "prometheus":
             return self._metrics_response()
-        data = self._stats(params)
+        data = node_stats(self.broker, **stats_request(params))
         if fmt == "json":
             return api_response(data)
-        return api_response(format_text(data))
+        return api_response(format_text(data, start_ns=self.broker.start_ns))
 
     async def metrics(self, request: Request) -> Response:
         return self._metrics_response()

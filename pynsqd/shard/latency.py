@@ -110,8 +110,14 @@ def summarize(percentiles: list[float], count: int, weighted: list[tuple[float, 
                 if seen >= target:
                     value = v
                     break
-        out.append({"quantile": p, "value": value})
+        out.append({"quantile": go_float(p), "value": go_float(value)})
     return {"count": count, "percentiles": out}
+
+
+def go_float(value: float) -> int | float:
+    """A float64 as Go's ``encoding/json`` writes it: whole numbers (below 1e21) without
+    ``.0`` (``1``, ``1500000``), so they go out as ints; others as they are."""
+    return int(value) if value.is_integer() and abs(value) < 1e21 else value
 
 
 def merged(windows: Iterable[LatencyWindow | None]) -> dict[str, Any]:

@@ -10,7 +10,6 @@ shard's topics, connections and HTTP).
 from __future__ import annotations
 
 import fcntl
-import functools
 import logging
 import os
 import socket
@@ -19,9 +18,9 @@ from typing import Any
 from pynsqd.options import UsageError
 from pynsqd.shard.broker import QueueFactory
 from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.queue import segment_queue
-from pynsqd.shm import store
+from pynsqd.shard.queue import Backend, MessageQueue, segment_queue
 from pynsqd.shm.diskqueue import DiskQueue
+from pynsqd.shm.sizing import Grower, Host, HostRoom, LogSizing, plan
 from pynsqd.wire.message import MIN_MESSAGE_SIZE
 from pynsqd.wire.names import is_ephemeral, is_valid_name
 
@@ -51,11 +50,20 @@ def make_backend(opts: NsqdOptions, queue_name: str) -> DiskQueue:
                      sync_every=opts.sync_every, sync_timeout_ns=opts.sync_timeout, logger=log)
 
 
-def queue_factory(opts: NsqdOptions) -> QueueFactory:
+def queue_factory(opts: NsqdOptions, sizing: LogSizing | None = None) -> QueueFactory:
     """Queues whose logs live in the node's shared-memory segments (``shm/store.py``): a
-    queue whose segment a previous process left is attached and marked for recovery."""
-    capacity = store.log_capacity(opts.mem_queue_bytes, opts.max_msg_size)
-    return functools.partial(segment_queue, opts.data_dir, opts.mem_queue_size, capacity)
+    queue whose segment a previous process left is attached and marked for recovery. Logs
+    start at ``sizing.initial`` bytes and may grow to its ceiling (``shm/sizing.py``; the
+    supervisor plans it once for the node, else it is planned here)."""
+    sizing = sizing or plan(opts.mem_queue_bytes, opts.max_msg_size, Host.now())
+    room = HostRoom(opts.data_dir)
+
+    def make(kind: str, name: str, backend: Backend) -> MessageQueue:
+        queue = segment_queue(opts.data_dir, opts.mem_queue_size, sizing.initial, kind, name, backend)
+        if queue.segment is not None and sizing.ceiling > queue.log.capacity:
+            queue.grow = Grower(queue.segment, sizing.ceiling, room, f"{kind.upper()}({name})")
+        return queue
+    return make
 
 
 def recoverable(kind: str, name: str, records: int) -> bool:

@@ -33,7 +33,7 @@ from starlette.responses import Response
 from pynsqd.shard.http import TEXT_TYPE, HTTPError, NsqdHTTP, api_response, error_response, parse_query
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
-from pynsqd.shard.stats import format_text
+from pynsqd.shard.stats import format_text, stats_request
 from pynsqd.supervisor.control import PROXY_WAIT, ControlChannel
 from pynsqd.wire.names import is_valid_name
 
@@ -177,13 +177,9 @@ class NodeHTTP:
         params = parse_query(scope.get("query_string", b""))
         fmt = (params.get("format") or [""])[0]
         prometheus = scope["path"] == "/metrics" or fmt == "prometheus"
-
-        def flag(name: str) -> bool:
-            return (params.get(name) or ["true"])[0] not in ("false", "0")
-        request = {"op": "stats", "topic": (params.get("topic") or [""])[0],
-                   "channel": (params.get("channel") or [""])[0],
-                   "include_clients": flag("include_clients"),
-                   "include_mem": flag("include_mem") and not prometheus}
+        request = {"op": "stats", **stats_request(params)}
+        if prometheus:  # pynsqd's own figures are metrics too; Go's memory figures are not
+            request.update(include_mem=False, include_shards=True)
         try:
             _, payload, _ = await self.shard.control.call(request, wait=PROXY_TIMEOUT)
         except (ConnectionError, TimeoutError) as exc:
@@ -194,4 +190,4 @@ class NodeHTTP:
             return Response(exposition(lambda: doc, self.app.opts.data_dir), media_type=PROMETHEUS_TYPE)
         if fmt == "json":
             return api_response(doc)
-        return api_response(format_text(doc))
+        return api_response(format_text(doc, start_ns=self.app.broker.start_ns))

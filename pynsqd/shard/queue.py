@@ -1,5 +1,5 @@
 """A topic's or channel's messages: a shared-memory log up to ``--mem-queue-size`` ready
-messages (and its byte capacity), then a backend.
+messages (grown to hold them, within its ceiling: ``pynsqd.shm.sizing``), then a backend.
 
 ``MessageQueue`` owns one ``pynsqd.shm.log.MessageLog`` (in a shared-memory segment, so it
 outlives the process) and the backend that takes what the log cannot hold: a disk queue for
@@ -88,14 +88,15 @@ class DropBackend:
 RELEASE_EVERY = 256
 PERSIST_BATCH = 4096  # records per backend write when a queue moves to disk on exit
 MoveHook = Callable[[int, int, int, bytes], None]
+Grow = Callable[[MessageLog, int], "int | None"]  # (log, bytes needed) -> index shift, or None
 
 
 class MessageQueue:
     """Ready messages in a shared-memory log, then the backend. ``put_many`` may raise the
     backend's error (then nothing was stored)."""
 
-    __slots__ = ("_done", "again", "backend", "cursor", "journal", "journaled", "largest", "limit", "live",
-                 "log", "on_move", "ready", "recovering", "segment", "sidecar")
+    __slots__ = ("_done", "again", "backend", "cursor", "grow", "journal", "journaled", "largest", "limit",
+                 "live", "log", "on_move", "ready", "recovering", "segment", "sidecar")
 
     def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
                  recovering: bool = False, sidecar: str | None = None) -> None:
@@ -115,6 +116,7 @@ class MessageQueue:
         self._done = 0
         self.on_move: MoveHook | None = None
         self.largest = 4096  # the largest message seen coming back from the backend
+        self.grow: Grow | None = None  # makes the log larger (``shm/sizing.Grower``), if it may
 
     def __len__(self) -> int:
         return self.ready + self.backend.depth
@@ -183,8 +185,8 @@ class MessageQueue:
             return
         part = records if room >= len(records) else records[:room]
         need = 31 * len(part) + sum(map(len, part))  # frames are at most 31 bytes more
-        if log.free_bytes < need:
-            self.make_room(need)
+        if log.free_bytes < need and not self.make_room(need):
+            self._grow(need)
         mark = log.mark()
         n = log.append_ready(part)
         if n < len(records):
@@ -207,7 +209,7 @@ class MessageQueue:
         log = self.log
         frame = log.frame_of(len(record))
         pos = log.append(record, state, due)
-        if pos is None and self.make_room(frame):
+        if pos is None and (self.make_room(frame) or self._grow(frame)):
             pos = log.append(record, state, due)
         if pos is not None:
             self.live += 1
@@ -295,7 +297,8 @@ class MessageQueue:
         while moved < count and self.backend.depth:
             batch = min(count - moved, log.free_bytes // log.frame_of(self.largest))
             if batch <= 0:
-                if not self.make_room(log.frame_of(self.largest)):
+                if not self.make_room(log.frame_of(self.largest)) and not self._grow(
+                        log.frame_of(self.largest) * (count - moved)):
                     break
                 continue
             try:
@@ -371,6 +374,16 @@ class MessageQueue:
         if self.cursor < log.read_index:
             self.cursor = log.read_index
         return log.free_bytes >= frame
+
+    def _grow(self, need: int) -> bool:
+        """Make the log larger so ``need`` more bytes fit (``grow``); True if they do now."""
+        if self.grow is None:
+            return False
+        shift = self.grow(self.log, need)
+        if shift is None:
+            return False
+        self.cursor -= shift  # the log's indices moved back by ``shift``; positions did not
+        return self.log.free_bytes >= need
 
     # --- admin ------------------------------------------------------------------------
     def empty(self) -> None:

@@ -21,7 +21,22 @@ from pynsqd.shard.latency import NO_LATENCY, merged
 from pynsqd.shard.topic import Topic
 
 
-def client_stats(client: Any) -> dict[str, Any]:
+def stats_request(params: dict[str, list[str]]) -> dict[str, Any]:
+    """``/stats``'s query as ``node_stats`` arguments. As nsqd's ``boolParams``, ``true``/``1``
+    and ``false``/``0`` count and anything else means the default: true for
+    ``include_clients``/``include_mem``, false for pynsqd's ``include_shards``."""
+    def flag(name: str, default: bool) -> bool:
+        value = (params.get(name) or [""])[0]
+        return value in ("true", "1") if value in ("true", "1", "false", "0") else default
+    return {"topic": (params.get("topic") or [""])[0], "channel": (params.get("channel") or [""])[0],
+            "include_clients": flag("include_clients", True), "include_mem": flag("include_mem", True),
+            "include_shards": flag("include_shards", False)}
+
+
+def client_stats(client: Any, topic_filter: str = "", shards: bool = False) -> dict[str, Any]:
+    """nsqd's ``ClientV2Stats`` of one connection, keys in its order. ``pub_counts`` (omitted
+    when empty, as nsqd's ``omitempty``) counts what the connection published, only to
+    ``topic_filter`` when one is given. ``shards`` adds pynsqd's ``shard`` key last."""
     settings = client.settings
     out = {
         "client_id": settings.client_id,
@@ -47,23 +62,19 @@ def client_stats(client: Any) -> dict[str, Any]:
             out["auth_identity"] = auth.state.identity
         if auth.state.identity_url:
             out["auth_identity_url"] = auth.state.identity_url
+    # nsqd's loop over pub_counts stops after the first entry; pynsqd reports every topic.
+    counts = [{"topic": t, "count": n} for t, n in sorted(client.pub_counts.items())
+              if not topic_filter or t == topic_filter]
+    if counts:
+        out["pub_counts"] = counts
     out.update(client.tls_info)
-    out["shard"] = client.broker.shard  # pynsqd: the shard process serving this connection
+    if shards:
+        out["shard"] = client.broker.shard  # pynsqd: the shard process serving this connection
     return out
 
 
-def producer_stats(client: Any) -> dict[str, Any]:
-    """A client's stats with ``pub_counts`` where nsqd's struct has it (before ``tls``)."""
-    out: dict[str, Any] = {}
-    for key, value in client_stats(client).items():
-        if key == "tls":
-            # nsqd's loop over pub_counts stops after the first entry; we report them all.
-            out["pub_counts"] = [{"topic": t, "count": n} for t, n in sorted(client.pub_counts.items())]
-        out[key] = value
-    return out
-
-
-def channel_stats(channel: Channel, include_clients: bool) -> dict[str, Any]:
+def channel_stats(channel: Channel, include_clients: bool, topic_filter: str = "",
+                  shards: bool = False) -> dict[str, Any]:
     return {
         "channel_name": channel.name,
         "depth": channel.depth,
@@ -74,14 +85,15 @@ def channel_stats(channel: Channel, include_clients: bool) -> dict[str, Any]:
         "requeue_count": channel.requeue_count,
         "timeout_count": channel.timeout_count,
         "client_count": len(channel.consumers),
-        "clients": [client_stats(c) for c in channel.consumers] if include_clients else None,
+        "clients": [client_stats(c, topic_filter, shards) for c in channel.consumers] if include_clients else None,
         "paused": channel.paused,
         "e2e_processing_latency": channel.e2e.result() if channel.e2e is not None else dict(NO_LATENCY),
     }
 
 
-def topic_stats(topic: Topic, channel_filter: str, include_clients: bool) -> dict[str, Any]:
-    channels = [channel_stats(topic.channels[name], include_clients)
+def topic_stats(topic: Topic, channel_filter: str, include_clients: bool, topic_filter: str = "",
+                shards: bool = False) -> dict[str, Any]:
+    channels = [channel_stats(topic.channels[name], include_clients, topic_filter, shards)
                 for name in sorted(topic.channels)
                 if not channel_filter or name == channel_filter]
     return {
@@ -120,17 +132,20 @@ def memory_stats() -> dict[str, Any]:
     }
 
 
-def node_stats(broker: Broker, topic_filter: str = "", channel_filter: str = "",
-               include_clients: bool = True, include_mem: bool = True) -> dict[str, Any]:
-    """The whole ``/stats?format=json`` document."""
-    topics = []
-    for name in sorted(broker.topics):
-        if topic_filter and name != topic_filter:
-            continue
-        topic = broker.topics[name]
-        if channel_filter and channel_filter not in topic.channels:
-            continue
-        topics.append(topic_stats(topic, channel_filter, include_clients))
+def node_stats(broker: Broker, topic: str = "", channel: str = "", include_clients: bool = True,
+               include_mem: bool = True, include_shards: bool = False, alone: bool = True) -> dict[str, Any]:
+    """The whole ``/stats?format=json`` document of this process's topics and clients.
+
+    As nsqd's ``GetStats``: a ``topic`` filter naming no topic here gives ``topics`` null,
+    and ``producers`` null too when the broker is ``alone`` (a shard's document keeps its
+    producers: ``merge_stats`` nulls them when no shard has the topic); producers are the
+    TCP connections that published, null when there are none or without clients.
+    ``include_shards`` adds pynsqd's ``shard`` key to every client."""
+    topics: list[dict[str, Any]] | None = None
+    if not topic or topic in broker.topics:
+        topics = [topic_stats(t, channel, include_clients, topic, include_shards)
+                  for name, t in sorted(broker.topics.items())
+                  if (not topic or name == topic) and (not channel or channel in t.channels)]
     out: dict[str, Any] = {
         "version": NSQ_VERSION,
         "health": broker.health,
@@ -139,7 +154,8 @@ def node_stats(broker: Broker, topic_filter: str = "", channel_filter: str = "",
     }
     if include_mem:
         out["memory"] = memory_stats()
-    producers = [producer_stats(c) for c in broker.clients if c.pub_counts] if include_clients else []
+    producers = [client_stats(c, topic, include_shards) for c in broker.clients if c.pub_counts] \
+        if include_clients and (topics is not None or not alone) else []
     out["producers"] = producers or None
     return out
 
@@ -164,6 +180,7 @@ def _client_line(c: dict[str, Any], now: float) -> str:
 
 
 def _latency(e2e: dict[str, Any]) -> str:
+    """nsqd's ``quantile.Result.String``: each percentile's value, humanized, comma-joined."""
     parts = []
     for p in e2e.get("percentiles") or []:
         value = float(p["value"])
@@ -175,24 +192,34 @@ def _latency(e2e: dict[str, Any]) -> str:
             label = f"{value / 1e3:.1f}us"
         else:
             label = f"{value:.1f}ns"
-        parts.append(f"{p['quantile']:.2f}: {label}")
+        parts.append(label)
     return ", ".join(parts)
 
 
-def format_text(stats: dict[str, Any], now: float | None = None) -> str:
-    """``/stats`` in nsqd's text layout (the default ``format``)."""
-    now = time.time() if now is None else now
+def rfc3339(unix: int) -> str:
+    """Go's ``time.Format(time.RFC3339)`` of a local time: ``Z`` for UTC, else ``+hh:mm``."""
+    text = datetime.datetime.fromtimestamp(unix).astimezone().isoformat(timespec="seconds")
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def format_text(stats: dict[str, Any], now_ns: int | None = None, start_ns: int | None = None) -> str:
+    """``/stats`` in nsqd's text layout (the default ``format``); ``start_ns`` (wall-clock
+    ns) makes ``uptime`` exact, as Go's ``time.Since`` is."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    now = now_ns / SECOND
     start = stats["start_time"]
+    start_ns = start * SECOND if start_ns is None else start_ns
     out = [f"nsqd v{stats['version']} (built w/pynsqd {__version__})\n",
-           f"start_time {datetime.datetime.fromtimestamp(start).astimezone().isoformat(timespec='seconds')}\n",
-           f"uptime {format_duration(int((now - start) * SECOND))}\n",
+           f"start_time {rfc3339(start)}\n",
+           f"uptime {format_duration(now_ns - start_ns)}\n",
            f"\nHealth: {stats['health']}\n"]
     memory = stats.get("memory")
     if memory:
         out.append("\nMemory:\n")
         out.extend(f"   {key:<25}\t{value}\n" for key, value in memory.items())
-    out.append("\nTopics:" if stats["topics"] else "\nTopics: None\n")
-    for t in stats["topics"]:
+    topics = stats["topics"] or []
+    out.append("\nTopics:" if topics else "\nTopics: None\n")
+    for t in topics:
         prefix = "*P " if t["paused"] else "   "
         out.append(f"\n{prefix}[{t['topic_name']:<15}] depth: {t['depth']:<5d} be-depth: {t['backend_depth']:<5d} "
                    f"msgs: {t['message_count']:<8d} e2e%: {_latency(t['e2e_processing_latency'])}\n")

@@ -64,6 +64,7 @@ from pynsqd.shard.stats import node_stats
 from pynsqd.shard.transport import build_server_context
 from pynsqd.shm import store
 from pynsqd.shm.diskqueue import DiskQueue
+from pynsqd.shm.sizing import LogSizing
 from pynsqd.supervisor.control import ControlChannel
 from pynsqd.supervisor.placement import Placement
 from pynsqd.supervisor.slots import BOOT_ERROR, ENV
@@ -96,8 +97,9 @@ class ShardWorker:
         opts = self.opts
         self.placement = Placement(opts.data_dir, self.shards)
         self.broker = Broker(opts, self._make_backend, shard=self.index, shards=self.shards,
-                             queue_factory=queue_factory(opts))
+                             queue_factory=queue_factory(opts, LogSizing(**boot["log_sizing"])))
         self.broker.start_time = boot["start_time"]
+        self.broker.start_ns = boot.get("start_ns", self.broker.start_time * 1_000_000_000)
         owned = [t for t in metadata.load(opts.data_dir) if self.placement.owner(t[0]) == self.index]
         self.broker.restore(owned)  # each queue attaches to its segment and recovers it
         self._adopt_segments()
@@ -178,7 +180,8 @@ class ShardWorker:
         elif op == "stats":
             self.inbound.drain(None)
             doc = node_stats(self.broker, msg.get("topic", ""), msg.get("channel", ""),
-                             msg.get("include_clients", True), msg.get("include_mem", True))
+                             msg.get("include_clients", True), msg.get("include_mem", True),
+                             msg.get("include_shards", False), alone=False)
             doc["shard_counters"] = {"handoffs": self.handoffs, "relays": self.relays,
                                      "cross_shard_sent": self.outbound.sent,
                                      "cross_shard_received": self.inbound.received,

@@ -306,6 +306,20 @@ class MessageLog(ByteRing):
         self.states.release()
         super().close()
 
+    def detach(self) -> None:
+        self.states.release()
+        super().detach()
+
+    def relayout(self, buf: Writable, capacity: int, read: int, write: int) -> None:
+        """``ByteRing.relayout``, with the state view of the new buffer."""
+        super().relayout(buf, capacity, read, write)
+        self.states = self._buf[HEADER_SIZE:]
+        self._discarded = read
+
+    def attach(self, buf: Writable) -> None:
+        super().attach(buf)
+        self.states = self._buf[HEADER_SIZE:]
+
     def reset(self) -> None:
         """Empty the log and give all its pages back."""
         super().reset()

@@ -383,6 +383,56 @@ class ByteRing:
         words[_RSEQ] = consumed
         return queued
 
+    def unwrapped(self) -> tuple[int, int, int] | None:
+        """(read index, write index, read position) when the queued bytes lie in one run that
+        ends at or before the end of the area, so the area can be made larger behind them
+        without moving a record (``relayout``); None while they wrap around the end."""
+        write, read = self._indices()
+        at = read % self._cap
+        return (read, write, at) if at + (write - read) <= self._cap else None
+
+    def relayout(self, buf: Writable, capacity: int, read: int, write: int) -> None:
+        """Owner only, nobody else attached: take ``buf`` (this ring's bytes, now with room for
+        ``capacity`` bytes of area; the old views released first, ``detach``) and store
+        ``capacity`` and the indices ``read``/``write``. Made for growing an ``unwrapped``
+        ring: with read = its read position and write = read + bytes queued, every record
+        keeps its position. Idempotent: ``shm/store.py`` journals the three values first
+        and stores them again after a crash, as the stores here are not one."""
+        view = memoryview(buf)
+        if (capacity % 8 or capacity < MIN_CAPACITY or len(view) < HEADER_SIZE + capacity
+                or not 0 <= read <= write <= capacity or (read | write) & 7):
+            view.release()
+            raise ValueError(f"cannot lay out a {capacity}-byte area with indices {read}..{write} "
+                             f"in a {len(view)}-byte buffer")
+        self._buf = view
+        self._words = words = view[:HEADER_SIZE].cast("Q")
+        self._peek_end = None
+        words[_CAP] = capacity
+        words[_WRITE] = write
+        words[_READ] = read
+        self._cap = capacity
+        self._max_frame = (capacity // 2) & ~7
+
+    def detach(self) -> None:
+        """Release the views of the buffer (before it is remapped); ``relayout`` or ``attach``
+        take it again."""
+        self._words.release()
+        self._buf.release()
+
+    def attach(self, buf: Writable) -> None:
+        """Take ``buf`` again, as it is, after ``detach`` (``RingError`` if it is no ring)."""
+        view = memoryview(buf)
+        words = view[:HEADER_SIZE].cast("Q")
+        try:
+            cap = self._check_header(view, words)
+        except RingError:
+            words.release()
+            view.release()
+            raise
+        self._buf, self._words, self._peek_end = view, words, None
+        self._cap = cap
+        self._max_frame = (cap // 2) & ~7
+
     def reset(self) -> None:
         """Empty the ring (indices and counts to zero); only while nobody else uses it."""
         words = self._words

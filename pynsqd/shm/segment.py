@@ -106,6 +106,16 @@ class Segment:
             raise SegmentError(f"shared memory segment {name}: {exc}") from exc
         return cls(name, buf, created)
 
+    def resize(self, size: int) -> None:
+        """Make the segment ``size`` bytes, its file and its mapping (``mmap.resize``:
+        ftruncate, then mremap; views of ``buf`` must be released first). New pages are
+        untouched until written. ``SegmentError`` if the system refuses."""
+        try:
+            self.buf.resize(size)
+        except (OSError, ValueError, BufferError) as exc:
+            raise SegmentError(f"shared memory segment {self.name}: cannot make it {size} bytes: {exc}") from exc
+        self.size = len(self.buf)
+
     def close(self) -> None:
         """Unmap (views of ``buf``, e.g. a ``ByteRing``, must be closed first)."""
         if not self.buf.closed:

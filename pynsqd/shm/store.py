@@ -12,6 +12,15 @@ reused. ``leftovers`` lists this node's segments that no queue claimed, with the
 records; the owner recreates the ones with live messages and unlinks the rest. A drained
 log hands its pages back with ``madvise(MADV_REMOVE)`` (``discard``), so resident memory
 follows what is queued, not what has passed through.
+
+``grow_log`` makes a log's area larger in place (``shm/sizing.py`` decides when and how
+much): only while its records lie in one run that does not wrap around the end
+(``ByteRing.unwrapped``), so none moves; the segment is grown (ftruncate + mremap) and the
+ring header gets the new capacity with its indices rebased to positions. Those three header
+words cannot be stored at once, so the target values go to the name page first (the growth
+journal at ``_GROWTH_AT``: magic, capacity, read, write) and are cleared after; ``open_log``
+finds a journal a kill -9 left and finishes the growth (or drops it, if the segment never
+grew: the header was not touched yet). Either way every record keeps its position.
 """
 
 from __future__ import annotations
@@ -31,12 +40,62 @@ NAME_PAGE = 4096
 _NAME_MAGIC = b"PYNSQSEG"
 _NAME_LEN = struct.Struct("<H")
 PAGE = mmap.PAGESIZE
+_GROWTH_AT = 2048  # in the name page (names are at most ~520 bytes)
+_GROWTH_MAGIC = b"PYNSQGRW"
+_GROWTH = struct.Struct("<QQQ")  # capacity, read, write
 
 
 def log_capacity(mem_queue_bytes: int, max_msg_size: int) -> int:
     """Record-area bytes of a queue's log: the flag, but room for two of the largest messages."""
     need = 2 * (max_msg_size + 26 + 16 + 8) + 64
     return (max(mem_queue_bytes, need) + PAGE - 1) // PAGE * PAGE
+
+
+def grow_log(segment: Segment, log_: MessageLog, capacity: int) -> int | None:
+    """Make ``log_``'s area ``capacity`` bytes (see the module doc). Returns how far its
+    indices moved back (the owner's delivery cursor moves with them), or None when it cannot
+    now: the records wrap around the end, or the system refused the larger segment."""
+    layout = log_.unwrapped()
+    if layout is None or capacity <= log_.capacity:
+        return None
+    old_read, old_write, at = layout
+    read, write = at, at + (old_write - old_read)
+    buf = segment.buf
+    _GROWTH.pack_into(buf, _GROWTH_AT + 8, capacity, read, write)
+    buf[_GROWTH_AT:_GROWTH_AT + 8] = _GROWTH_MAGIC
+    log_.detach()
+    try:
+        segment.resize(NAME_PAGE + buffer_size(capacity))
+    except SegmentError as exc:
+        log.warning("%s", exc)
+        buf[_GROWTH_AT:_GROWTH_AT + 8] = bytes(8)
+        _with_area(segment, log_.attach)
+        return None
+    _with_area(segment, lambda area: log_.relayout(area, capacity, read, write))
+    buf[_GROWTH_AT:_GROWTH_AT + 8] = bytes(8)
+    return old_read - read
+
+
+def _with_area(segment: Segment, use: Callable[[memoryview], None]) -> None:
+    area = memoryview(segment.buf)[NAME_PAGE:]
+    try:
+        use(area)
+    finally:
+        area.release()  # the log holds its own view
+
+
+def _finish_growth(segment: Segment, log_: MessageLog) -> None:
+    """A growth a kill -9 interrupted: store its journaled layout (the segment grew), or drop
+    the journal (it did not: the header is as it was)."""
+    buf = segment.buf
+    if buf[_GROWTH_AT:_GROWTH_AT + 8] != _GROWTH_MAGIC:
+        return
+    capacity, read, write = _GROWTH.unpack_from(buf, _GROWTH_AT + 8)
+    if len(buf) >= NAME_PAGE + buffer_size(capacity):
+        log_.detach()
+        _with_area(segment, lambda area: log_.relayout(area, capacity, read, write))
+        log.info("%s: finished growing its log to %d bytes", segment.name, capacity)
+    buf[_GROWTH_AT:_GROWTH_AT + 8] = bytes(8)
 
 
 def _write_name(buf: mmap.mmap, kind: str, name: str) -> None:
@@ -79,8 +138,10 @@ def open_log(data_path: str, kind: str, name: str, capacity: int) -> tuple[Segme
     try:
         if existed and read_name(buf) == (kind, name):
             try:
-                return segment, MessageLog(area, init=False, discard=discard), True
-            except RingError as exc:
+                found = MessageLog(area, init=False, discard=discard)
+                _finish_growth(segment, found)
+                return segment, found, True
+            except (RingError, ValueError) as exc:
                 log.error("%s %s: shared memory log unusable (%s); starting it empty", kind, name, exc)
         elif existed:
             log.error("%s %s: segment %s holds another queue; starting it empty", kind, name, shm_name)

@@ -6,9 +6,11 @@ sorts); should two shards report the same topic (a topic created on a non-owner 
 older placement), its counters are summed and channels merged by name. Producers are
 concatenated. Health is the first non-OK one. Memory figures are summed over the processes.
 End-to-end latency quantiles are computed on the shard that owns the topic (its channels
-live there); a name two shards report keeps the busier shard's quantiles. Per-shard
-counters (hand-offs, relays, cross-shard messages) are removed from the document
-and summed into the ``supervisor`` key, with the supervisor's own figures.
+live there); a name two shards report keeps the busier shard's quantiles. A ``topic``
+filter that no shard knows gives ``topics`` and ``producers`` null, as nsqd's early return
+does. Per-shard counters (hand-offs, relays, cross-shard messages) are removed from the
+document; only when the supervisor's figures are given (``/stats?include_shards=true``,
+``/metrics``) are they summed into its ``supervisor`` key.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ def _merge_channels(into: dict[str, Any], other: dict[str, Any]) -> None:
     into["channels"].sort(key=lambda c: c["channel_name"])
 
 
-def merge_stats(docs: list[dict[str, Any]], supervisor: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Merge shard documents (in shard order) into one node document."""
+def merge_stats(docs: list[dict[str, Any]], supervisor: dict[str, Any] | None = None,
+                topic: str = "") -> dict[str, Any]:
+    """Merge shard documents (in shard order) into one node document (``topic``: the filter
+    they were asked with)."""
     topics: dict[str, dict[str, Any]] = {}
     producers: list[dict[str, Any]] = []
     health = "OK"
@@ -75,15 +79,16 @@ def merge_stats(docs: list[dict[str, Any]], supervisor: dict[str, Any] | None = 
         for key, value in (doc.get("shard_counters") or {}).items():
             counters[key] = counters.get(key, 0) + value
     first = docs[0] if docs else {}
+    unknown = bool(topic) and all(d.get("topics") is None for d in docs)
     out: dict[str, Any] = {
         "version": first.get("version", ""),
         "health": health,
         "start_time": min((d["start_time"] for d in docs), default=0),
-        "topics": [topics[name] for name in sorted(topics)],
+        "topics": None if unknown else [topics[name] for name in sorted(topics)],
     }
     if memory is not None:
         out["memory"] = memory
-    out["producers"] = producers or None
+    out["producers"] = None if unknown else producers or None
     if supervisor is not None:
         out["supervisor"] = {**supervisor, **counters}
     return out

@@ -60,6 +60,7 @@ from pynsqd.shard.node import lock_data_path, recoverable
 from pynsqd.shard.statsd import StatsdLines, StatsdPusher, statsd_prefix
 from pynsqd.shard.transport import build_server_context
 from pynsqd.shm import store
+from pynsqd.shm.sizing import Host, plan
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.aggregate import merge_stats
 from pynsqd.supervisor.control import PROXY_WAIT, ControlChannel, channel_pair
@@ -115,7 +116,10 @@ class Supervisor:
         self.slots = [Slot(i) for i in range(shards)]
         self.http_acceptor = HTTPAcceptor(self.slots)
         self.registration = Registration(self.identity, self.registrations, opts.max_body_size)
-        self.start_time = int(time.time())
+        self.start_ns = time.time_ns()
+        self.start_time = self.start_ns // 1_000_000_000
+        self.host = Host.now()
+        self.log_sizing = plan(opts.mem_queue_bytes, opts.max_msg_size, self.host)  # every shard's
         self.handoffs = 0
         self.fatal: str | None = None
         self._signals: asyncio.Queue[int] = asyncio.Queue()  # signal numbers, from the handlers
@@ -184,6 +188,7 @@ class Supervisor:
         slot.reset_heartbeat()
         boot = {"index": slot.index, "shards": self.shards, "parent": os.getpid(),
                 "opts": dataclasses.asdict(self.opts), "start_time": self.start_time,
+                "start_ns": self.start_ns, "log_sizing": dataclasses.asdict(self.log_sizing),
                 "tcp_port": self.tcp_port, "http_port": self.http_port,
                 "control_fd": there.fileno(), "heartbeat_fd": slot.heartbeat_fd,
                 "http": self.http_socket is not None, "https": self.https_socket is not None,
@@ -356,8 +361,8 @@ class Supervisor:
         return out
 
     async def _stats(self, chan: ControlChannel, msg: dict[str, Any]) -> None:
-        request: dict[str, Any] = {k: msg[k] for k in ("topic", "channel", "include_clients", "include_mem")
-                                   if k in msg}
+        request: dict[str, Any] = {k: msg[k] for k in ("topic", "channel", "include_clients", "include_mem",
+                                                       "include_shards") if k in msg}
         chan.reply(msg, {"ok": True}, orjson.dumps(await self.node_stats(request)))
 
     async def _health(self, chan: ControlChannel, msg: dict[str, Any]) -> None:
@@ -367,9 +372,10 @@ class Supervisor:
         chan.reply(msg, {"ok": True, "health": bad[0] if bad else "OK"})
 
     async def node_stats(self, request: dict[str, Any]) -> dict[str, Any]:
-        """The node's stats document: every ready shard's, merged (``aggregate.py``)."""
+        """The node's stats document: every ready shard's, merged (``aggregate.py``); the
+        supervisor's own figures only with ``include_shards``."""
         docs = [orjson.loads(p) for _, p in await self._call_all({"op": "stats", **request})]
-        doc = merge_stats(docs, self.stats())
+        doc = merge_stats(docs, self.stats() if request.get("include_shards") else None, request.get("topic", ""))
         doc["start_time"] = self.start_time
         return doc
 
@@ -419,6 +425,7 @@ class Supervisor:
             loop.add_signal_handler(signum, self._signals.put_nowait, int(signum))
         log.info("pynsqd %s (nsqd v%s compatible), %d shard(s)", __version__, NSQ_VERSION, self.shards)
         log.info("ID: %d", self.opts.node_id)
+        log.info("%s", self.log_sizing.describe(self.opts.mem_queue_size, self.host))
         self.save_metadata()
         for slot in self.slots:
             self.spawn(slot)

@@ -8,8 +8,9 @@ import sys
 import uvloop
 
 from pynsqd import NSQ_VERSION, __version__, logs
-from pynsqd.options import run_cli
+from pynsqd.options import UsageError, run_cli
 from pynsqd.shard.config import parse_args
+from pynsqd.shm.cpu import this_host_refusal
 from pynsqd.supervisor.arbiter import Supervisor
 
 
@@ -18,6 +19,9 @@ def _main(argv: list[str]) -> int:
     if version:
         print(f"nsqd v{NSQ_VERSION} (pynsqd {__version__}, python {sys.version.split()[0]})")
         return 0
+    why = this_host_refusal()
+    if why:
+        raise UsageError(why)
     logs.setup(opts.log_prefix, opts.log_level)
     supervisor = Supervisor(opts, opts.shards)
     return uvloop.run(supervisor.main())

@@ -4,7 +4,9 @@ every ``--nsqd-tcp-address`` (as NSQ's does), optionally at most ``--rate`` mess
 Publishes are pipelined (up to ``WINDOW`` unanswered PUBs per nsqd; each is still one PUB
 answered by its own OK). Empty parts are skipped (nsqd refuses empty messages). At EOF, or
 on SIGINT/SIGTERM (stop reading), it waits for every outstanding answer and exits 0; a
-publish error ends it with status 1. Progress goes to stderr every 10 s.
+publish error ends it with status 1. While it runs, progress goes to stderr every 10 s
+(``N messages published so far``); the final count (``published N messages``) is printed
+once, at the end.
 """
 
 from __future__ import annotations
@@ -28,6 +30,26 @@ log = logging.getLogger("pynsqd.tools")
 PROG = "to_nsq"
 WINDOW = 256
 READ_SIZE = 1 << 16
+REPORT_EVERY = 10.0  # seconds between progress lines
+
+
+class Progress:
+    """Progress lines at most every ``REPORT_EVERY`` seconds, only when the count moved; the
+    final count is ``final``'s, once."""
+
+    def __init__(self, now: float) -> None:
+        self.last_time = now
+        self.last_count = 0
+
+    def line(self, now: float, count: int) -> str | None:
+        if now - self.last_time < REPORT_EVERY or count == self.last_count:
+            return None
+        self.last_time, self.last_count = now, count
+        return f"{count} messages published so far"
+
+    @staticmethod
+    def final(count: int) -> str:
+        return f"published {count} messages"
 
 
 @dataclasses.dataclass
@@ -129,7 +151,7 @@ async def main_async(opts: Options, stop: asyncio.Event) -> int:
     pacer = Pacer(opts.rate, loop.time())
     delimiter = opts.delimiter.encode()[:1]
     rest = b""
-    last_report = time.monotonic()
+    progress = Progress(time.monotonic())
     eof = False
     while not eof and not stop.is_set():
         getter = asyncio.ensure_future(anext(chunks, None))
@@ -160,14 +182,14 @@ async def main_async(opts: Options, stop: asyncio.Event) -> int:
             task = asyncio.ensure_future(publish(body))
             pending.add(task)
             task.add_done_callback(pending.discard)
-        if time.monotonic() - last_report >= 10:
-            last_report = time.monotonic()
-            log.info("published %d messages", published)
+        line = None if eof else progress.line(time.monotonic(), published)
+        if line:
+            log.info("%s", line)
     await asyncio.gather(*pending)
     await chunks.aclose()
     for p in producers:
         await p.close()
-    log.info("published %d messages", published)
+    log.info("%s", progress.final(published))
     if failed:
         print(f"{PROG}: error: {failed[0]}", file=sys.stderr)
         return 1
