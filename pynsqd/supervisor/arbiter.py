@@ -13,7 +13,8 @@ per shard.
 interpreter, never a fork of a running loop) with their descriptors inherited, waits until
 each says ``ready``, announces the listeners, accepts TCP connections and hands each to its
 shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
-turn (``httpaccept.py``), and keeps the node's single lookupd registration and ``nsqd.dat``
+turn (``httpaccept.py``) — every listener through one ``accept.Acceptor``, which rides out a
+lack of descriptors — and keeps the node's single lookupd registration and ``nsqd.dat``
 from the snapshots the shards send.
 
 Signal handlers only enqueue (SIGTERM, SIGINT); the loop drains the queue into ``exit``.
@@ -62,6 +63,7 @@ from pynsqd.shard.transport import build_server_context
 from pynsqd.shm import store
 from pynsqd.shm.sizing import Host, plan
 from pynsqd.supervisor import leftover_rings
+from pynsqd.supervisor.accept import Accepted, Acceptor
 from pynsqd.supervisor.aggregate import merge_stats
 from pynsqd.supervisor.control import PROXY_WAIT, ControlChannel, channel_pair
 from pynsqd.supervisor.handoff import greet
@@ -114,6 +116,7 @@ class Supervisor:
         self._sweep_segments(topics, keep)
         self.wake_fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(shards)]
         self.slots = [Slot(i) for i in range(shards)]
+        self.tcp_acceptor = Acceptor("TCP", self.tcp_socket, self._greet)
         self.http_acceptor = HTTPAcceptor(self.slots)
         self.registration = Registration(self.identity, self.registrations, opts.max_body_size)
         self.start_ns = time.time_ns()
@@ -430,6 +433,7 @@ class Supervisor:
         for slot in self.slots:
             self.spawn(slot)
         self._accept_task = loop.create_task(self._wait_then_accept())
+        self._accept_task.add_done_callback(self._task_done)
         while not self._stopping:
             try:
                 sig = int(await asyncio.wait_for(self._signals.get(), TICK))
@@ -459,10 +463,13 @@ class Supervisor:
         if self.opts.statsd_address:
             self._spawn_task(self._statsd().run())
         self.registration.set_addresses(self.opts.lookupd_tcp_address)
-        self.tcp_socket.setblocking(False)
+        self.tcp_acceptor.start(loop)
         sdnotify.notify("READY=1", f"STATUS=serving TCP on {describe(self.tcp_socket)}, {self.shards} shard(s)")
-        while True:
-            conn, addr = await loop.sock_accept(self.tcp_socket)
+
+    def _greet(self, accepted: Accepted) -> None:
+        """TCP connections: each is read up to its first routing command, then handed to the
+        shard that should serve it (``handoff.py``)."""
+        for conn, addr in accepted:
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._spawn_task(greet(conn, addr, self.opts, self.placement.owner, self._handoff))
@@ -477,6 +484,7 @@ class Supervisor:
         deadline = started + SHUTDOWN_DEADLINE
         if self._accept_task is not None:
             self._accept_task.cancel()
+        self.tcp_acceptor.stop()
         self.http_acceptor.stop()
         for task in list(self._tasks):
             task.cancel()

@@ -10,8 +10,9 @@ a client's pool or a 50-connection benchmark, then landed unevenly. ``wrk -c50``
 2-shard node split 50/0, 38/12, 24/26, 31/19, 50/0 and 38/12 in six runs, and one core
 served what two should.
 
-``HTTPAcceptor`` accepts here instead and sends each connection to the next ready shard, round
-robin, as an ``SCM_RIGHTS`` descriptor on its control channel (``serve_http``; the shard's
+``HTTPAcceptor`` accepts here instead (an ``accept.Acceptor`` per listener, which also rides
+out a lack of descriptors) and sends each connection to the next ready shard, round robin, as
+an ``SCM_RIGHTS`` descriptor on its control channel (``serve_http``; the shard's
 ``EmbeddedServer.adopt`` serves it). Shards then differ by at most one connection. Each
 wake-up accepts what is queued and sends each shard its share in one message, so a connection
 costs the supervisor about one ``accept``; its requests never pass through the supervisor.
@@ -30,19 +31,15 @@ socket had that property for free: a shard that is not running does not call ``a
 from __future__ import annotations
 
 import asyncio
-import errno
+import functools
 import logging
 import socket
 from collections.abc import Collection
 
+from pynsqd.supervisor.accept import Accepted, Acceptor
 from pynsqd.supervisor.slots import Slot
 
 log = logging.getLogger("pynsqd.supervisor")
-
-STALL_POLL = 0.2  # seconds between looks while every shard is booting or stalled
-ACCEPT_RETRY = 0.1  # seconds to wait after accept fails for lack of descriptors or memory
-ACCEPT_BATCH = 64  # connections accepted per wake-up at most (one control message per shard)
-_TRANSIENT = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR}
 
 
 class HTTPAcceptor:
@@ -52,9 +49,7 @@ class HTTPAcceptor:
         self.slots = slots
         self.handed = 0
         self._next = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._listening: dict[int, tuple[socket.socket, bool]] = {}  # fd → (listener, tls)
-        self._paused: dict[int, asyncio.TimerHandle] = {}
+        self._acceptors: list[Acceptor] = []
 
     def _turn(self, skip: Collection[int] = ()) -> int | None:
         """Index of the next shard in turn that takes connections and is not in ``skip`` (the
@@ -65,52 +60,29 @@ class HTTPAcceptor:
                 return index
         return None
 
+    def _any_ready(self) -> bool:
+        return self._turn() is not None
+
     def start(self, loop: asyncio.AbstractEventLoop, listener: socket.socket, tls: bool) -> None:
         """Accept from ``listener`` (``tls``: it is the HTTPS listener) until ``stop``."""
-        self._loop = loop
-        listener.setblocking(False)
-        self._listening[listener.fileno()] = (listener, tls)
-        loop.add_reader(listener.fileno(), self._readable, listener.fileno())
+        acceptor = Acceptor("HTTPS" if tls else "HTTP", listener, functools.partial(self._share, tls),
+                            self._any_ready)
+        self._acceptors.append(acceptor)
+        acceptor.start(loop)
 
     def stop(self) -> None:
-        for fd in self._listening:
-            if fd in self._paused:
-                self._paused.pop(fd).cancel()
-            elif self._loop is not None:
-                self._loop.remove_reader(fd)
-        self._listening.clear()
+        for acceptor in self._acceptors:
+            acceptor.stop()
+        self._acceptors.clear()
 
-    def _pause(self, fd: int, delay: float) -> None:
-        """Stop reading ``fd`` for ``delay`` seconds; connections wait in the backlog."""
-        assert self._loop is not None
-        self._loop.remove_reader(fd)
-        self._paused[fd] = self._loop.call_later(delay, self._resume, fd)
-
-    def _resume(self, fd: int) -> None:
-        self._paused.pop(fd, None)
-        if fd in self._listening and self._loop is not None:
-            self._loop.add_reader(fd, self._readable, fd)
-            self._readable(fd)
-
-    def _readable(self, fd: int) -> None:
-        """Accept what is queued (up to ``ACCEPT_BATCH``), then send each shard its share in
-        one control message: a connection costs one ``accept``, the batch one ``sendmsg``."""
-        listener, tls = self._listening[fd]
+    def _share(self, tls: bool, accepted: Accepted) -> None:
+        """Send each shard its share of ``accepted`` in one control message: a connection
+        costs one ``accept``, the batch one ``sendmsg``."""
         shares: dict[int, list[socket.socket]] = {}
-        for _ in range(ACCEPT_BATCH):
+        for conn, _ in accepted:
             index = self._turn()
-            if index is None:  # every shard booting or stalled: look again later
-                self._pause(fd, STALL_POLL)
-                break
-            try:
-                conn, _ = listener.accept()
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno not in _TRANSIENT:
-                    log.error("%s: accept failed - %s", "HTTPS" if tls else "HTTP", exc)
-                    self._pause(fd, ACCEPT_RETRY)
-                    break
+            if index is None:  # cannot happen within one callback: ready was checked
+                conn.close()
                 continue
             shares.setdefault(index, []).append(conn)
             self._next = index + 1

@@ -1,0 +1,113 @@
+"""The supervisor's accept loop, one shape for every listener (TCP, HTTP, HTTPS).
+
+Theory of operation
+-------------------
+An ``Acceptor`` watches one listening socket with the loop's reader callback. Each wake-up
+accepts what is queued (up to ``ACCEPT_BATCH``) and passes the batch to its hand-off, which
+decides where the connections go: TCP connections to ``handoff.greet`` (the topic's owner,
+``arbiter.py``), HTTP and HTTPS connections to the shards in turn (``httpaccept.py``). A
+hand-off that cannot take connections now (``ready`` is false: every shard booting or
+stalled) pauses the listener for ``STALL_POLL``; connections wait in the kernel's backlog.
+
+An accept that fails for lack of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) —
+or for any other reason but a connection that died in the backlog — never ends the loop:
+the listener is paused for ``RETRY_MIN`` seconds, doubling up to ``RETRY_MAX`` while the
+failures go on (as Go's ``net/http`` server does), and tried again; the connections wait in
+the backlog meanwhile. A spell of failures is logged once when it begins and once when
+accepting works again, so a node out of descriptors neither spins nor floods its log, and
+serves as soon as descriptors are free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+from collections.abc import Callable
+
+log = logging.getLogger("pynsqd.supervisor")
+
+ACCEPT_BATCH = 64  # connections accepted per wake-up at most
+STALL_POLL = 0.2  # seconds between looks while the hand-off cannot take connections
+RETRY_MIN = 0.005  # seconds before the first retry after a failed accept
+RETRY_MAX = 1.0  # the longest pause between retries
+_DEAD_IN_BACKLOG = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR}  # skip it, accept the next
+
+Accepted = list[tuple[socket.socket, tuple[object, ...]]]
+HandOff = Callable[[Accepted], None]
+
+
+def _always() -> bool:
+    return True
+
+
+class Acceptor:
+    """Accepts from ``listener`` (named ``name`` in the log) and passes each batch of
+    connections to ``hand_off``, while ``ready()`` says it can take them."""
+
+    def __init__(self, name: str, listener: socket.socket, hand_off: HandOff,
+                 ready: Callable[[], bool] = _always) -> None:
+        self.name = name
+        self.listener = listener
+        self.hand_off = hand_off
+        self.ready = ready
+        self.failures = 0  # failed accepts in the current spell
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd = listener.fileno()
+        self._paused: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.listener.setblocking(False)
+        loop.add_reader(self._fd, self._readable)
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        if self._paused is not None:
+            self._paused.cancel()
+            self._paused = None
+        else:
+            self._loop.remove_reader(self._fd)
+        self._loop = None
+
+    def _pause(self, delay: float) -> None:
+        """Stop reading for ``delay`` seconds; connections wait in the backlog."""
+        assert self._loop is not None
+        self._loop.remove_reader(self._fd)
+        self._paused = self._loop.call_later(delay, self._resume)
+
+    def _resume(self) -> None:
+        self._paused = None
+        if self._loop is not None:
+            self._loop.add_reader(self._fd, self._readable)
+            self._readable()
+
+    def _failed(self, exc: OSError) -> None:
+        if not self.failures:
+            log.error("%s: accept failed - %s; retrying with back-off until it works", self.name, exc)
+        self.failures += 1
+        self._pause(min(RETRY_MIN * 2 ** (self.failures - 1), RETRY_MAX))
+
+    def _readable(self) -> None:
+        if not self.ready():
+            self._pause(STALL_POLL)
+            return
+        batch: Accepted = []
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, addr = self.listener.accept()
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno in _DEAD_IN_BACKLOG:
+                    continue
+                self._failed(exc)
+                break
+            if self.failures:
+                log.info("%s: accepting again after %d failed attempt(s)", self.name, self.failures)
+                self.failures = 0
+            batch.append((conn, addr))
+        if batch:
+            self.hand_off(batch)
