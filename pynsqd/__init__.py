@@ -4,10 +4,13 @@ Subpackages, each owning one part of the product:
 
 - ``pynsqd.wire``: the sans-IO codec of NSQ's TCP protocol (commands, frames, messages),
   shared by the server, the client library and the fuzz tests.
+- ``pynsqd.shm``: message storage outside the process heap (shared memory and disk spill).
+- ``pynsqd.node``: what the supervisor and the shards of one nsqd node share: options,
+  ``nsqd.dat``, placement, the data path, the inbound rings, and the typed control protocol.
 - ``pynsqd.shard``: an nsqd shard: topics, channels, in-flight and deferred messages, and
   the asyncio protocol that serves client connections.
-- ``pynsqd.supervisor``: the ``nsqd-supervisor`` / ``nsqd`` command and the process tree.
-- ``pynsqd.shm``: message storage outside the process heap (shared memory and disk spill).
+- ``pynsqd.supervisor``: the ``nsqd-supervisor`` / ``nsqd`` command and the process tree; it
+  never imports ``pynsqd.shard``.
 - ``pynsqd.lookupd``: the ``nsqlookupd`` discovery daemon.
 """
 

@@ -18,7 +18,7 @@ import yaml
 
 from pynsqd.admin.config import parse_args as admin_args
 from pynsqd.lookupd.config import parse_args as lookupd_args
-from pynsqd.shard.config import parse_args as nsqd_args
+from pynsqd.node.config import parse_args as nsqd_args
 from pynsqd.supervisor.arbiter import SHUTDOWN_DEADLINE
 from tests.harness import scaled
 

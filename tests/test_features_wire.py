@@ -193,7 +193,7 @@ def test_client_certificate_policy(nsqd_factory: Callable[..., Daemon], certs: C
     nsqd = nsqd_factory(*certs.server_args(f"--tls-client-auth-policy={policy}",
                                            f"--tls-root-ca-file={certs.ca_file}"))
     # nsqd's "require" takes any certificate; Python's ssl verifies every certificate it
-    # accepts, so here "require" refuses a stranger's too (see transport.build_server_context).
+    # accepts, so here "require" refuses a stranger's too (see node/tls.build_server_context).
     for cert in ("", "stranger"):  # no certificate, and one from a CA the server does not trust
         with RawClient(nsqd.tcp) as c:
             c.identify(tls_v1=True)

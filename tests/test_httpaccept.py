@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pynsqd.supervisor.control import ControlChannel, channel_pair, decode
+from pynsqd.node.control import ControlChannel, channel_pair, decode
 from pynsqd.supervisor.httpaccept import HTTPAcceptor
 from pynsqd.supervisor.slots import Slot
 

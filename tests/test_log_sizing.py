@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pynsqd.shard.config import NsqdOptions
+from pynsqd.node.config import NsqdOptions
 from pynsqd.shard.node import queue_factory
 from pynsqd.shard.queue import MessageQueue, segment_queue
 from pynsqd.shm import sizing, store

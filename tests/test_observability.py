@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pynsqd.shard.statsd import StatsdLines, packets, statsd_prefix
+from pynsqd.supervisor.statsd import StatsdLines, packets, statsd_prefix
 from pynsqd.wire.commands import encode_fin, encode_pub, encode_rdy, encode_req, encode_sub
 from tests.certs import Certs
 from tests.harness import Daemon, scaled, wait_for

@@ -1,4 +1,4 @@
-"""Flags, config files and Go durations (pynsqd.options) and nsqd's options (pynsqd.shard.config)."""
+"""Flags, config files and Go durations (pynsqd.options) and nsqd's options (pynsqd.node.config)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pynsqd.node.config import NsqdOptions, check_supported, default_node_id, parse_args
 from pynsqd.options import (
     HOUR,
     MINUTE,
@@ -21,7 +22,6 @@ from pynsqd.options import (
     resolve,
     run_cli,
 )
-from pynsqd.shard.config import NsqdOptions, check_supported, default_node_id, parse_args
 
 MAX_I64 = 2**63 - 1
 

@@ -22,8 +22,8 @@ from typing import Any
 import psutil
 import pytest
 
+from pynsqd.node.control import PROXY_WAIT
 from pynsqd.shm.segment import list_segments
-from pynsqd.supervisor.control import PROXY_WAIT
 from pynsqd.wire.commands import encode_auth, encode_dpub, encode_fin, encode_mpub, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE
 from tests.authserver import AuthServer, grant

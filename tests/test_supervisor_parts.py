@@ -14,21 +14,47 @@ from typing import Any
 import orjson
 import pytest
 
-from pynsqd.shard import metadata
-from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.crossrecord import decode_batch, encode_batch
-from pynsqd.shard.crossshard import ring_name
-from pynsqd.shard.node import make_backend
+from pynsqd.node import metadata
+from pynsqd.node.boot import BootConfig
+from pynsqd.node.config import NsqdOptions
+from pynsqd.node.control import CHUNK, ControlChannel, Received, channel_pair
+from pynsqd.node.crossrecord import decode_batch, encode_batch
+from pynsqd.node.datapath import make_backend
+from pynsqd.node.messages import (
+    Adopt,
+    Changed,
+    CreateChannels,
+    Done,
+    Exit,
+    Failed,
+    HandOff,
+    Health,
+    HealthRequest,
+    HTTPResponse,
+    Message,
+    Proxy,
+    Quiesce,
+    Ready,
+    RunHTTP,
+    ServeHTTP,
+    SetConfig,
+    Snapshot,
+    StatsDocument,
+    StatsRequest,
+    decode_message,
+)
+from pynsqd.node.metadata import ChannelRecord, TopicRecord
+from pynsqd.node.placement import Placement
+from pynsqd.node.rings import ring_name
 from pynsqd.shm import sidecar, store
 from pynsqd.shm.cpu import refusal
 from pynsqd.shm.ring import HEADER_SIZE as RING_HEADER_SIZE
 from pynsqd.shm.ring import ByteRing
 from pynsqd.shm.segment import Segment, list_segments, segment_name, unlink_segment
+from pynsqd.shm.sizing import LogSizing
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.aggregate import merge_stats
-from pynsqd.supervisor.control import CHUNK, ControlChannel, channel_pair
 from pynsqd.supervisor.handoff import Greeting
-from pynsqd.supervisor.placement import Placement
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import CommandParser, encode_command, encode_identify, encode_mpub, encode_pub
 from pynsqd.wire.message import HEADER
@@ -74,15 +100,16 @@ def test_placement_for_another_shard_count_is_rebalanced(tmp_path: Path) -> None
 def test_control_channel_carries_requests_big_payloads_and_fds() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        got: list[tuple[dict[str, Any], bytes, list[int]]] = []
+        got: list[tuple[Message, list[int]]] = []
         second = asyncio.Event()
 
-        def server(chan: ControlChannel, msg: dict[str, Any], payload: bytes, fds: list[int]) -> None:
-            got.append((msg, payload, fds))
+        def server(chan: ControlChannel, received: Received) -> None:
+            msg = received.message
+            got.append((msg, received.take_fds() if isinstance(msg, Adopt) else list(received.fds)))
             if len(got) == 2:
                 second.set()
-            if msg["op"] == "echo":
-                chan.reply(msg, {"n": len(payload)}, payload[::-1])
+            if isinstance(msg, RunHTTP):
+                chan.reply(received, HTTPResponse(200, [["n", str(len(msg.body))]], msg.body[::-1]))
 
         a, b = channel_pair()
         left = ControlChannel(a, lambda *args: None, "left")
@@ -90,14 +117,14 @@ def test_control_channel_carries_requests_big_payloads_and_fds() -> None:
         left.start(loop)
         right.start(loop)
         big = os.urandom(5 * CHUNK + 17)
-        reply, payload, _ = await left.call({"op": "echo"}, big)
-        assert reply["n"] == len(big) and payload == big[::-1]
+        reply = await left.call(RunHTTP("GET", "/echo", body=big))
+        assert reply == HTTPResponse(200, [["n", str(len(big))]], big[::-1])
         r, w = os.pipe()
-        left.send({"op": "fd"}, b"x", [w])
+        left.send(Adopt({"remote": "x"}, b"x"), [w])
         os.close(w)  # the channel sent its own duplicate
         await asyncio.wait_for(second.wait(), 5)
-        msg, data, fds = got[1]
-        assert msg == {"op": "fd"} and data == b"x" and len(fds) == 1
+        msg, fds = got[1]
+        assert msg == Adopt({"remote": "x"}, b"x") and len(fds) == 1
         os.write(fds[0], b"through")
         os.close(fds[0])
         assert os.read(r, 16) == b"through"
@@ -107,9 +134,69 @@ def test_control_channel_carries_requests_big_payloads_and_fds() -> None:
         right.close()
         await asyncio.wait_for(closed, 5)
         with pytest.raises(ConnectionError):
-            left.send({"op": "late"})
+            left.send(Exit())
 
     run_async(main())
+
+
+def test_control_channel_closes_descriptors_a_handler_does_not_take() -> None:
+    """A message's descriptors are the handler's only if it takes them: a message that does
+    not expect any (or a handler that fails) leaks nothing."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        seen = asyncio.Event()
+        kept: list[int] = []
+
+        def server(chan: ControlChannel, received: Received) -> None:
+            kept.extend(received.fds)
+            seen.set()
+
+        a, b = channel_pair()
+        left = ControlChannel(a, lambda *args: None, "left")
+        right = ControlChannel(b, server, "right")
+        left.start(loop)
+        right.start(loop)
+        r, w = os.pipe()
+        left.send(Exit(), [w])
+        os.close(w)
+        await asyncio.wait_for(seen.wait(), 5)
+        assert kept and os.read(r, 1) == b""  # every write end is closed: end of file
+        os.close(r)
+        left.close()
+        right.close()
+
+    run_async(main())
+
+
+@pytest.mark.parametrize("message", [
+    Adopt({"settings": {"client_id": "c"}}, b"SUB t c\n"), ServeHTTP(True),
+    RunHTTP("POST", "/topic/create", "topic=t", "https", b"body"), CreateChannels("t", ["a", "b"]),
+    Quiesce(2.5), Exit(), Ready(42), Changed("created", "t", None), Changed("deleted", "t", "c"),
+    Snapshot([TopicRecord("t", True, [ChannelRecord("c", False)])], final=True),
+    HandOff(1, {"magic": True}, b"PUB t\n"), Proxy(2, "GET", "/topic/pause", "topic=t"),
+    StatsRequest("t", "c", False, True, True), HealthRequest(), SetConfig("log_level", b"debug"),
+    StatsDocument(b'{"topics":[]}'), Health("NOK - disk"), HTTPResponse(404, [["a", "b"]], b"x"),
+    Failed("down"), Done(),
+])
+def test_every_control_message_survives_the_wire(message: Message) -> None:
+    header, payload = message.encode()
+    assert decode_message(orjson.loads(orjson.dumps(header)), payload) == message
+
+
+def test_an_unknown_or_malformed_control_message_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown"):
+        decode_message({"op": "launch"}, b"")
+    with pytest.raises(ValueError, match="malformed"):
+        decode_message({"op": "handoff", "state": {}}, b"")  # no shard
+
+
+def test_boot_config_survives_the_environment() -> None:
+    boot = BootConfig(index=1, shards=2, parent=7, opts=NsqdOptions(tcp_address="127.0.0.1:0"),
+                      log_sizing=LogSizing(1 << 20, 1 << 24, False), start_time=5, start_ns=5_000_000_000,
+                      tcp_port=4150, http_port=4151, https_port=-1, http=True, https=False,
+                      control_fd=3, heartbeat_fd=4, wake_fds=[5, 6])
+    assert BootConfig.decode(boot.encode()) == boot
+    assert boot.inherited == [3, 4, 5, 6]
 
 
 def _greeting(data: bytes) -> tuple[Greeting, list[tuple[str, Any]]]:

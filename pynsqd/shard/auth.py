@@ -31,8 +31,8 @@ from urllib.parse import urlencode, urlsplit
 
 import orjson
 
+from pynsqd.node.config import NsqdOptions
 from pynsqd.options import SECOND
-from pynsqd.shard.config import NsqdOptions
 from pynsqd.wire.errors import ProtocolError
 
 log = logging.getLogger("pynsqd.shard")

@@ -23,9 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from pynsqd.node.config import NsqdOptions
+from pynsqd.node.metadata import ChannelRecord, TopicRecord
 from pynsqd.options import MS
 from pynsqd.shard.channel import Channel
-from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import Backend, DropBackend, MessageQueue
 from pynsqd.shard.topic import Topic
@@ -314,12 +315,12 @@ class Broker:
         """Topics and their channels, for registering with nsqlookupd."""
         return [(t.name, list(t.channels)) for t in self.topics.values()]
 
-    def snapshot(self) -> list[tuple[str, bool, list[tuple[str, bool]]]]:
+    def snapshot(self) -> list[TopicRecord]:
         """Topics and channels with their paused flags, for ``nsqd.dat``."""
-        return [(t.name, t.paused, [(c.name, c.paused) for c in t.channels.values()])
+        return [TopicRecord(t.name, t.paused, [ChannelRecord(c.name, c.paused) for c in t.channels.values()])
                 for t in self.topics.values()]
 
-    def restore(self, topics: list[tuple[str, bool, list[tuple[str, bool]]]]) -> None:
+    def restore(self, topics: list[TopicRecord]) -> None:
         """Recreate topics and channels from ``nsqd.dat`` (no change notifications)."""
         notify, self.on_change = self.on_change, None
         try:

@@ -6,7 +6,7 @@ A PUB/MPUB/DPUB (TCP or HTTP) for a topic another shard owns is encoded by the r
 shard exactly as a local publish would be (timestamp, ids from *its* id space — ids stay
 unique per node because they carry the shard index), and the whole batch is written as ONE
 record into the owner's inbound ``ByteRing`` for this producer (``shm/ring.py``; the rings
-live in POSIX shared memory, ``shm/segment.py``, created by the supervisor). The client gets
+live in POSIX shared memory, ``shm/segment.py``, created by the supervisor: ``node/rings.py``). The client gets
 ``OK`` once ``put`` returned True: the batch is in shared memory, which outlives both
 processes. A full ring raises ``Backpressure``: nothing stored, the connection stops reading
 and retries (``protocol.py``), an HTTP request waits — never loss. A batch larger than one
@@ -30,7 +30,7 @@ process of the host, and the rings do not outlive the host's uptime), taken when
 producer wrote the record, i.e. just before the ``OK``: the delay counts from the publish,
 not from when the owner drains the ring (the owner may be restarting).
 
-The record (``shard/crossrecord.py``) carries the topic, the due time, the body bytes, the
+The record (``node/crossrecord.py``) carries the topic, the due time, the body bytes, the
 count and the messages already framed as READY records of the owner's ``MessageLog``: the
 producer frames the batch once, the owner checks the run once and hands it to the topic as
 the message list it used to get; each log the topic puts it in (its channels', or its own
@@ -47,30 +47,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import resource
 import struct
 import time
 from collections.abc import Sequence
 
+from pynsqd.node.crossrecord import decode_batch, encode_batch
+from pynsqd.node.rings import ring_name, ring_size
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
-from pynsqd.shard.crossrecord import decode_batch, encode_batch
 from pynsqd.shm.frames import Frames
-from pynsqd.shm.ring import ByteRing, RingError
-from pynsqd.shm.segment import Segment, segment_name
+from pynsqd.shm.ring import ByteRing
+from pynsqd.shm.segment import Segment
 from pynsqd.wire.message import HEADER
 
 log = logging.getLogger("pynsqd.shard")
-
-RING_SIZE = 16 * 1024 * 1024  # per (producer, owner) pair; a record may be half of it
-
-
-def ring_size() -> int:
-    """``RING_SIZE``, or less when the file-size limit (tmpfs counts) would refuse it."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-    if soft == resource.RLIM_INFINITY:
-        return RING_SIZE
-    return max(4096, min(RING_SIZE, soft // 4096 * 4096))
-
 
 # A drain turn applies at most this many records, and stops adding records once they hold
 # DRAIN_BYTES, per ring: the owner's loop stays responsive while a ring holds a backlog. 256
@@ -79,44 +68,6 @@ def ring_size() -> int:
 DRAIN_BATCH = 256
 DRAIN_BYTES = 1 << 18
 STORE_RETRY = 1.0  # seconds before the owner retries a batch it could not store
-
-
-def ring_name(data_dir: str, src: int, dst: int) -> str:
-    return segment_name(data_dir, "inbound", f"{src}-{dst}")
-
-
-def create_rings(data_dir: str, shards: int) -> list[Segment]:
-    """Supervisor, at start: make (or keep, with what they hold) every inbound ring."""
-    segments = []
-    for dst in range(shards):
-        for src in range(shards):
-            if src == dst:
-                continue
-            seg = Segment.open(ring_name(data_dir, src, dst), ring_size(), create=True)
-            try:
-                if seg.created:
-                    raise RingError("new")
-                ring = ByteRing(seg.buf, init=False)
-            except RingError:
-                ring = ByteRing(seg.buf, init=True)
-            ring.close()
-            segments.append(seg)
-    return segments
-
-
-def release_rings(segments: list[Segment]) -> None:
-    """Supervisor, at exit: unmap the rings; remove the empty ones (a ring still holding
-    records — a shard killed before it drained — stays for the next start to drain)."""
-    for seg in segments:
-        try:
-            ring = ByteRing(seg.buf, init=False)
-            empty = len(ring) == 0
-            ring.close()
-        except RingError:
-            empty = True
-        seg.close()
-        if empty:
-            seg.unlink()
 
 
 def _pieces(owner: int, topic: str, records: list[bytes], due_ns: int, max_size: int) -> list[tuple[int, bytes]]:

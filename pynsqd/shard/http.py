@@ -31,9 +31,9 @@ from starlette.routing import Route
 
 from pynsqd import NSQ_VERSION, logs
 from pynsqd.lookupd.http import go_json
+from pynsqd.node.config import LOG_LEVELS, NsqdOptions
 from pynsqd.options import config_value
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
-from pynsqd.shard.config import LOG_LEVELS, NsqdOptions
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
 from pynsqd.shard.stats import format_text, node_stats, stats_request

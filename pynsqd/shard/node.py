@@ -1,53 +1,16 @@
-"""What every process of an nsqd node shares about the node: its data-path lock, how a queue
-gets its shared-memory log and its disk backend, which leftover segments are worth
-recovering, and the static part of ``/info``.
-
-The node's lifecycle itself is split between the supervisor (``supervisor/arbiter.py``: lock,
-bind, spawn, shut down in phases) and its shard workers (``shard/worker.py``: serve one
-shard's topics, connections and HTTP).
-"""
+"""What a shard builds for the node: queues whose logs live in the node's shared-memory
+segments, and the static part of ``/info``. What the supervisor shares with it (data-path
+lock, disk backends, leftover segments) is in ``node/datapath.py``."""
 
 from __future__ import annotations
 
-import fcntl
-import logging
-import os
 import socket
 from typing import Any
 
-from pynsqd.options import UsageError
+from pynsqd.node.config import NsqdOptions
 from pynsqd.shard.broker import QueueFactory
-from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.queue import Backend, MessageQueue, segment_queue
-from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.shm.sizing import Grower, Host, HostRoom, LogSizing, plan
-from pynsqd.wire.message import MIN_MESSAGE_SIZE
-from pynsqd.wire.names import is_ephemeral, is_valid_name
-
-log = logging.getLogger("pynsqd.shard")
-
-
-def lock_data_path(path: str) -> int:
-    """``flock`` the data path (one node per path); returns the fd to close on exit.
-    Raises ``UsageError``."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise UsageError(f"failed to open --data-path={path}: {exc.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise UsageError(f"--data-path={path} in use (possibly by another instance of nsqd)") from None
-    return fd
-
-
-def make_backend(opts: NsqdOptions, queue_name: str) -> DiskQueue:
-    """The disk queue behind a durable topic or channel."""
-    return DiskQueue(queue_name, opts.data_dir, max_bytes_per_file=opts.max_bytes_per_file,
-                     min_msg_size=MIN_MESSAGE_SIZE, max_msg_size=opts.max_msg_size + MIN_MESSAGE_SIZE,
-                     sync_every=opts.sync_every, sync_timeout_ns=opts.sync_timeout, logger=log)
 
 
 def queue_factory(opts: NsqdOptions, sizing: LogSizing | None = None) -> QueueFactory:
@@ -64,14 +27,6 @@ def queue_factory(opts: NsqdOptions, sizing: LogSizing | None = None) -> QueueFa
             queue.grow = Grower(queue.segment, sizing.ceiling, room, f"{kind.upper()}({name})")
         return queue
     return make
-
-
-def recoverable(kind: str, name: str, records: int) -> bool:
-    """A leftover segment worth recreating its queue for: a durable topic or channel of
-    valid name whose log still holds records (it was made too late to reach nsqd.dat)."""
-    parts = name.split(":")
-    return (records > 0 and kind in ("topic", "channel") and len(parts) == (1 if kind == "topic" else 2)
-            and all(is_valid_name(p) and not is_ephemeral(p) for p in parts))
 
 
 def node_info(opts: NsqdOptions, tcp_port: int, http_port: int, start_time: int) -> dict[str, Any]:

@@ -23,6 +23,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -30,11 +31,22 @@ from typing import Any, Protocol
 import orjson
 from starlette.responses import Response
 
+from pynsqd.node.control import PROXY_WAIT, ControlChannel
+from pynsqd.node.messages import (
+    Failed,
+    Health,
+    HealthRequest,
+    HTTPResponse,
+    Proxy,
+    RunHTTP,
+    SetConfig,
+    StatsDocument,
+    StatsRequest,
+)
 from pynsqd.shard.http import TEXT_TYPE, HTTPError, NsqdHTTP, api_response, error_response, parse_query
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
 from pynsqd.shard.stats import format_text, stats_request
-from pynsqd.supervisor.control import PROXY_WAIT, ControlChannel
 from pynsqd.wire.names import is_valid_name
 
 Receive = Callable[[], Awaitable[Any]]
@@ -50,13 +62,13 @@ class Shard(Protocol):
     def owner(self, topic: str) -> int: ...
 
 
-async def run_local(app: NsqdHTTP, msg: dict[str, Any], body: bytes) -> tuple[int, list[list[str]], bytes]:
+async def run_local(app: NsqdHTTP, msg: RunHTTP, body: bytes) -> tuple[int, list[list[str]], bytes]:
     """Run a proxied request through ``app``; → (status, headers, body)."""
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": msg["method"], "path": msg["path"], "raw_path": msg["path"].encode(),
-             "query_string": msg.get("query", "").encode("latin-1"), "root_path": "",
+             "method": msg.method, "path": msg.path, "raw_path": msg.path.encode(),
+             "query_string": msg.query.encode("latin-1"), "root_path": "",
              # the shard the request reached already applied --tls-required to it
-             "scheme": msg.get("scheme", "http"), "headers": [[b"content-length", b"%d" % len(body)]],
+             "scheme": msg.scheme, "headers": [[b"content-length", b"%d" % len(body)]],
              "client": None, "server": None}
     sent = False
 
@@ -138,10 +150,10 @@ class NodeHTTP:
 
     async def _node_health(self) -> str:
         try:
-            reply, _, _ = await self.shard.control.call({"op": "health"}, wait=PROXY_TIMEOUT)
+            reply = await self.shard.control.call(HealthRequest(), wait=PROXY_TIMEOUT)
         except (ConnectionError, TimeoutError):
             return "OK"  # the supervisor is going away; this shard's own health stands
-        return str(reply.get("health", "OK"))
+        return reply.health if isinstance(reply, Health) else "OK"
 
     def _owner_of(self, scope: dict[str, Any]) -> int | None:
         try:
@@ -153,39 +165,43 @@ class NodeHTTP:
 
     async def _proxy(self, owner: int, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         body = await _read_all(receive)
-        msg = {"op": "proxy", "shard": owner, "method": scope["method"], "path": scope["path"],
-               "query": scope.get("query_string", b"").decode("latin-1"), "scheme": scope.get("scheme", "http")}
+        msg = Proxy(owner, scope["method"], scope["path"], scope.get("query_string", b"").decode("latin-1"),
+                    scope.get("scheme", "http"), body)
         try:
-            reply, payload, _ = await self.shard.control.call(msg, body, wait=PROXY_WAIT + 1)
+            reply = await self.shard.control.call(msg, wait=PROXY_WAIT + 1)
         except (ConnectionError, TimeoutError) as exc:
-            reply, payload = {"error": f"the supervisor did not answer - {exc!r}"}, b""
-        if "status" not in reply:  # the owner is down: nsqd's answer to an operation that failed
-            log.error("HTTP %s %s failed - %s", scope["method"], scope["path"], reply.get("error"))
+            reply = Failed(f"the supervisor did not answer - {exc!r}")
+        if not isinstance(reply, HTTPResponse):  # the owner is down: nsqd's answer to an operation that failed
+            log.error("HTTP %s %s failed - %s", scope["method"], scope["path"],
+                      reply.error if isinstance(reply, Failed) else reply.op)
             raise HTTPError(500, "INTERNAL_ERROR")
-        await _send_raw(send, reply["status"], reply["headers"], payload)
+        await _send_raw(send, reply.status, reply.headers, reply.body)
 
     async def _config(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         body = await _read_all(receive)
-        msg = {"method": "PUT", "path": scope["path"], "query": scope.get("query_string", b"").decode("latin-1"),
-               "scheme": scope.get("scheme", "http")}
+        msg = RunHTTP("PUT", scope["path"], scope.get("query_string", b"").decode("latin-1"),
+                      scope.get("scheme", "http"))
         status, headers, out = await run_local(self.app, msg, body)
         if status == 200:
-            self.shard.control.send({"op": "config", "opt": scope["path"][len("/config/"):]}, body)
+            self.shard.control.send(SetConfig(scope["path"][len("/config/"):], body))
         await _send_raw(send, status, headers, out)
 
     async def _stats(self, scope: dict[str, Any]) -> Response:
         params = parse_query(scope.get("query_string", b""))
         fmt = (params.get("format") or [""])[0]
         prometheus = scope["path"] == "/metrics" or fmt == "prometheus"
-        request = {"op": "stats", **stats_request(params)}
+        request = StatsRequest(**stats_request(params))
         if prometheus:  # pynsqd's own figures are metrics too; Go's memory figures are not
-            request.update(include_mem=False, include_shards=True)
+            request = dataclasses.replace(request, include_mem=False, include_shards=True)
         try:
-            _, payload, _ = await self.shard.control.call(request, wait=PROXY_TIMEOUT)
+            reply = await self.shard.control.call(request, wait=PROXY_TIMEOUT)
         except (ConnectionError, TimeoutError) as exc:
             log.error("HTTP %s failed - the supervisor did not answer - %r", scope["path"], exc)
             raise HTTPError(500, "INTERNAL_ERROR") from None
-        doc = orjson.loads(payload)
+        if not isinstance(reply, StatsDocument):
+            log.error("HTTP %s failed - the supervisor answered %s", scope["path"], reply.op)
+            raise HTTPError(500, "INTERNAL_ERROR")
+        doc = orjson.loads(reply.doc)
         if prometheus:
             return Response(exposition(lambda: doc, self.app.opts.data_dir), media_type=PROMETHEUS_TYPE)
         if fmt == "json":

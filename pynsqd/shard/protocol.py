@@ -42,12 +42,12 @@ import time
 from collections import deque
 from typing import Any, cast
 
+from pynsqd.node.config import NsqdOptions
+from pynsqd.node.identify import Settings, negotiate
 from pynsqd.options import MS
 from pynsqd.shard.auth import AuthSession, NeedQuery
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.channel import Channel, ChannelError
-from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.identify import Settings, negotiate
 from pynsqd.shard.transport import NO_TLS, CompressedTransport, peer_common_name, start_tls, tls_info
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import FIN_RUN, Command, CommandParser, encode_command, ms_to_duration_ns, parse_base10

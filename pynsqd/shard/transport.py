@@ -15,8 +15,8 @@ reading, ``loop.start_tls`` runs the handshake on the same socket with this prot
 application protocol, and the connection carries on with the TLS transport it returns.
 Frames produced meanwhile (a heartbeat) are held back and sent after the upgrade.
 
-``build_server_context`` turns nsqd's ``--tls-*`` flags into an ``ssl.SSLContext``, used for
-both the TCP upgrade and the HTTPS listener. ``tls_info`` reads what ``/stats`` reports.
+The ``ssl.SSLContext`` comes from ``node/tls.py`` (the supervisor checks the same files at
+start). ``tls_info`` reads what ``/stats`` reports.
 """
 
 from __future__ import annotations
@@ -25,44 +25,9 @@ import asyncio
 import ssl
 from typing import Any
 
-from pynsqd.shard.config import NsqdOptions
 from pynsqd.wire.compression import Codec
 
 TLS_HANDSHAKE_TIMEOUT = 10.0
-
-_MIN_VERSIONS = {
-    "": ssl.TLSVersion.TLSv1, "tls1.0": ssl.TLSVersion.TLSv1, "tls1.1": ssl.TLSVersion.TLSv1_1,
-    "tls1.2": ssl.TLSVersion.TLSv1_2, "tls1.3": ssl.TLSVersion.TLSv1_3,
-}
-
-
-def build_server_context(opts: NsqdOptions) -> ssl.SSLContext | None:
-    """The server TLS context for ``--tls-cert``/``--tls-key``, or ``None`` without them.
-
-    ``--tls-client-auth-policy``: ``require-verify`` needs a client certificate signed by
-    ``--tls-root-ca-file`` (or the system CAs); ``require`` needs a client certificate too.
-    Python's ``ssl`` cannot accept a certificate it cannot verify, so ``require`` also checks
-    the chain (nsqd's ``RequireAnyClientCert`` would take a self-signed one). Raises
-    ``OSError``/``ssl.SSLError`` for unreadable or mismatched files.
-    """
-    if not (opts.tls_cert and opts.tls_key):
-        return None
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
-    # The system's OpenSSL policy still applies on top (OpenSSL 3 refuses TLS < 1.2 at its
-    # default security level even when --tls-min-version allows it); we do not weaken it.
-    ctx.minimum_version = _MIN_VERSIONS[opts.tls_min_version]
-    if opts.tls_client_auth_policy:
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        if opts.tls_root_ca_file:
-            ctx.load_verify_locations(opts.tls_root_ca_file)
-        else:
-            ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
-    elif opts.tls_root_ca_file:
-        ctx.verify_mode = ssl.CERT_OPTIONAL
-        ctx.load_verify_locations(opts.tls_root_ca_file)
-    return ctx
-
 
 class CompressedTransport:
     """A transport whose ``write`` compresses with ``codec``; everything else is the inner

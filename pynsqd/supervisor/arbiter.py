@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 ``Supervisor(opts, shards)`` does what must happen once per node, in the constructor so that
 port 0 works and errors are one line: lock the data path, read ``nsqd.dat``, load the
-placement table (``placement.py``) and place every known topic, store on disk what leftover
+placement table (``node/placement.py``) and place every known topic, store on disk what leftover
 inbound rings of a run with another shard count hold (``leftover_rings.py``), bind TCP and
-HTTP, create the inbound rings (``shard/crossshard.py``), one heartbeat page and one eventfd
+HTTP, create the inbound rings (``node/rings.py``), one heartbeat page and one eventfd
 per shard.
 
 ``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -47,30 +46,53 @@ import socket
 import ssl
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from pynsqd import NSQ_VERSION, __version__, logs, sdnotify
 from pynsqd.netaddr import bind, bound_port, describe
+from pynsqd.node import metadata
+from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig
+from pynsqd.node.config import NsqdOptions
+from pynsqd.node.control import PROXY_WAIT, ControlChannel, Received, channel_pair
+from pynsqd.node.datapath import lock_data_path, recoverable
+from pynsqd.node.heartbeat import STALL_AFTER
+from pynsqd.node.messages import (
+    Adopt,
+    Changed,
+    CreateChannels,
+    Exit,
+    Failed,
+    HandOff,
+    Health,
+    HealthRequest,
+    HTTPResponse,
+    Message,
+    Proxy,
+    Quiesce,
+    Ready,
+    SetConfig,
+    Snapshot,
+    StatsDocument,
+    StatsRequest,
+)
+from pynsqd.node.metadata import TopicRecord
+from pynsqd.node.placement import Placement
+from pynsqd.node.rings import create_rings, release_rings
+from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
-from pynsqd.shard import metadata
-from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.crossshard import create_rings, release_rings
-from pynsqd.shard.node import lock_data_path, recoverable
-from pynsqd.shard.statsd import StatsdLines, StatsdPusher, statsd_prefix
-from pynsqd.shard.transport import build_server_context
 from pynsqd.shm import store
 from pynsqd.shm.sizing import Host, plan
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.accept import Accepted, Acceptor
 from pynsqd.supervisor.aggregate import merge_stats
-from pynsqd.supervisor.control import PROXY_WAIT, ControlChannel, channel_pair
 from pynsqd.supervisor.handoff import greet
 from pynsqd.supervisor.httpaccept import HTTPAcceptor
-from pynsqd.supervisor.placement import Placement
 from pynsqd.supervisor.registration import Registration
-from pynsqd.supervisor.slots import BOOT_ERROR, ENV, STALL_AFTER, Slot
+from pynsqd.supervisor.slots import Slot
+from pynsqd.supervisor.statsd import StatsdLines, StatsdPusher, statsd_prefix
 from pynsqd.wire.lookup import IdentifyInfo
 from pynsqd.wire.names import is_ephemeral, is_valid_name
 
@@ -100,9 +122,9 @@ class Supervisor:
         self.placement = Placement(opts.data_dir, shards)
         self.placement.rebalance_at_start()
         keep = leftover_rings.rescue(opts, shards, self.placement.owner, topics)  # before any shard
-        self.snapshots: dict[int, list[Any]] = {i: [] for i in range(shards)}
+        self.snapshots: dict[int, list[TopicRecord]] = {i: [] for i in range(shards)}
         for topic in topics:
-            self.snapshots[self.placement.owner(topic[0])].append(list(topic))
+            self.snapshots[self.placement.owner(topic.name)].append(topic)
         try:
             tls_ctx = build_server_context(opts)  # each shard builds its own from the same files
         except (OSError, ssl.SSLError) as exc:
@@ -132,15 +154,21 @@ class Supervisor:
         self._next_any = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accept_task: asyncio.Task[None] | None = None
+        self._handlers: dict[type[Message], Callable[[Slot, Any, Received], None]] = {
+            Ready: self._on_ready, Snapshot: self._on_snapshot, Changed: self._on_changed,
+            HandOff: self._on_handoff, StatsRequest: self._on_stats, HealthRequest: self._on_health,
+            Proxy: self._on_proxy, SetConfig: self._on_config,
+        }
 
-    def _sweep_segments(self, topics: list[Any], keep: set[str]) -> None:
+    def _sweep_segments(self, topics: list[TopicRecord], keep: set[str]) -> None:
         """Once per node, before any shard runs: remove this node's segments that belong to
         no queue of nsqd.dat and hold nothing worth recovering (deleted or ephemeral queues,
         empty logs). Segments with messages of a durable queue missing from nsqd.dat stay:
         the topic's owner (placement) recreates the queue when it boots. This run's rings are
         kept, and ``keep``: leftover rings whose messages could not be stored yet."""
         path = self.opts.data_dir
-        queues = [("topic", t[0]) for t in topics] + [("channel", f"{t[0]}:{c[0]}") for t in topics for c in t[2]]
+        queues = ([("topic", t.name) for t in topics]
+                  + [("channel", f"{t.name}:{c.name}") for t in topics for c in t.channels])
         claimed = store.claimed_names(path, queues) | {seg.name for seg in self.rings} | keep
         for shm_name, kind, name, records in store.leftovers(path, claimed):
             if recoverable(kind, name, records):
@@ -169,12 +197,11 @@ class Supervisor:
                             version=NSQ_VERSION, hostname=socket.gethostname())
 
     def registrations(self) -> list[tuple[str, list[str]]]:
-        return [(t[0], [c[0] for c in t[2]]) for snap in self.snapshots.values() for t in snap]
+        return [(t.name, [c.name for c in t.channels]) for snap in self.snapshots.values() for t in snap]
 
     def save_metadata(self) -> None:
         self._save_pending = False
-        topics = [(t[0], bool(t[1]), [(c[0], bool(c[1])) for c in t[2]])
-                  for i in range(self.shards) for t in self.snapshots[i]]
+        topics = [t for i in range(self.shards) for t in self.snapshots[i]]
         try:
             metadata.save(self.opts.data_dir, metadata.encode(topics))
         except OSError as exc:
@@ -189,16 +216,14 @@ class Supervisor:
     def spawn(self, slot: Slot) -> None:
         here, there = channel_pair()
         slot.reset_heartbeat()
-        boot = {"index": slot.index, "shards": self.shards, "parent": os.getpid(),
-                "opts": dataclasses.asdict(self.opts), "start_time": self.start_time,
-                "start_ns": self.start_ns, "log_sizing": dataclasses.asdict(self.log_sizing),
-                "tcp_port": self.tcp_port, "http_port": self.http_port,
-                "control_fd": there.fileno(), "heartbeat_fd": slot.heartbeat_fd,
-                "http": self.http_socket is not None, "https": self.https_socket is not None,
-                "https_port": self.https_port, "wake_fds": self.wake_fds}
-        fds = [there.fileno(), slot.heartbeat_fd, *self.wake_fds]
+        boot = BootConfig(index=slot.index, shards=self.shards, parent=os.getpid(), opts=self.opts,
+                          log_sizing=self.log_sizing, start_time=self.start_time, start_ns=self.start_ns,
+                          tcp_port=self.tcp_port, http_port=self.http_port, https_port=self.https_port,
+                          http=self.http_socket is not None, https=self.https_socket is not None,
+                          control_fd=there.fileno(), heartbeat_fd=slot.heartbeat.fd, wake_fds=self.wake_fds)
+        fds = boot.inherited
         env = dict(os.environ)
-        env[ENV] = orjson.dumps(boot).decode()
+        env[ENV] = boot.encode()
         for fd in fds:
             os.set_inheritable(fd, True)
         try:
@@ -272,31 +297,43 @@ class Supervisor:
             log.info("shard %d (pid %d): beating again", slot.index, slot.pid)
 
     # --- control messages from shards ---------------------------------------------------------
-    def _on_control(self, chan: ControlChannel, msg: dict[str, Any], payload: bytes, fds: list[int]) -> None:
+    def _on_control(self, chan: ControlChannel, received: Received) -> None:
         slot = next(s for s in self.slots if s.channel is chan)
-        op = msg.get("op")
-        if op == "ready":
-            slot.ready.set()
-            log.info("shard %d: ready", slot.index)
-        elif op == "snapshot":
-            self.snapshots[slot.index] = msg["topics"]
-            self._schedule_save()
-        elif op == "changed":
-            self._changed(msg["event"], msg["topic"], msg.get("channel"))
-        elif op == "handoff":
-            sock = socket.socket(fileno=fds.pop(0)) if fds else None
-            if sock is not None:
-                self._spawn_task(self._handoff(msg["shard"], sock, msg.get("state") or {}, payload))
-        elif op == "stats":
-            self._spawn_task(self._stats(chan, msg))
-        elif op == "health":
-            self._spawn_task(self._health(chan, msg))
-        elif op == "proxy":
-            self._spawn_task(self._proxy(chan, msg, payload))
-        elif op == "config":
-            self._config(slot, msg["opt"], payload)
-        for fd in fds:
-            os.close(fd)
+        handler = self._handlers.get(type(received.message))
+        if handler is None:
+            log.error("shard %d: unexpected control message %s", slot.index, received.message.op)
+            return
+        handler(slot, received.message, received)
+
+    def _on_ready(self, slot: Slot, msg: Ready, received: Received) -> None:
+        slot.ready.set()
+        log.info("shard %d: ready", slot.index)
+
+    def _on_snapshot(self, slot: Slot, msg: Snapshot, received: Received) -> None:
+        self.snapshots[slot.index] = msg.topics
+        self._schedule_save()
+
+    def _on_changed(self, slot: Slot, msg: Changed, received: Received) -> None:
+        self._changed(msg.event, msg.topic, msg.channel)
+
+    def _on_handoff(self, slot: Slot, msg: HandOff, received: Received) -> None:
+        fds = received.take_fds()
+        if fds:
+            for extra in fds[1:]:
+                os.close(extra)
+            self._spawn_task(self._handoff(msg.shard, socket.socket(fileno=fds[0]), msg.state, msg.unread))
+
+    def _on_stats(self, slot: Slot, msg: StatsRequest, received: Received) -> None:
+        self._spawn_task(self._stats(slot, msg, received))
+
+    def _on_health(self, slot: Slot, msg: HealthRequest, received: Received) -> None:
+        self._spawn_task(self._health(slot, received))
+
+    def _on_proxy(self, slot: Slot, msg: Proxy, received: Received) -> None:
+        self._spawn_task(self._proxy(slot, msg, received))
+
+    def _on_config(self, slot: Slot, msg: SetConfig, received: Received) -> None:
+        self._config(slot, msg)
 
     def _spawn_task(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -318,20 +355,20 @@ class Supervisor:
                        if not is_ephemeral(n) and is_valid_name(n))
         slot = self.slots[self.placement.owner(topic)]
         if names and slot.channel is not None and not slot.channel.closed:
-            slot.channel.send({"op": "create_channels", "topic": topic, "channels": names})
+            slot.channel.send(CreateChannels(topic, names))
 
-    def _config(self, origin: Slot, opt: str, body: bytes) -> None:
+    def _config(self, origin: Slot, msg: SetConfig) -> None:
         """``PUT /config/<opt>`` succeeded on one shard: apply it node-wide."""
-        if opt == "nsqlookupd_tcp_addresses":
-            self.opts.lookupd_tcp_address = list(orjson.loads(body))
+        if msg.opt == "nsqlookupd_tcp_addresses":
+            self.opts.lookupd_tcp_address = list(orjson.loads(msg.value))
             self.registration.set_addresses(self.opts.lookupd_tcp_address)
-        elif opt == "log_level":
-            level = body.decode("utf-8", "replace").strip().lower()
+        elif msg.opt == "log_level":
+            level = msg.value.decode("utf-8", "replace").strip().lower()
             self.opts.log_level = level
             logs.set_level(level)
         for slot in self.slots:
             if slot is not origin and slot.channel is not None and not slot.channel.closed:
-                slot.channel.send({"op": "config", "opt": opt}, body)
+                slot.channel.send(msg)
 
     async def _ready_slot(self, index: int | None) -> Slot | None:
         if index is None:
@@ -349,36 +386,33 @@ class Supervisor:
             slot = await self._ready_slot(index)
             if slot is None or self._stopping or slot.channel is None or slot.channel.closed:
                 return
-            slot.channel.send({"op": "adopt", "state": state}, unread, [sock.fileno()])
+            slot.channel.send(Adopt(state, unread), [sock.fileno()])
             self.handoffs += 1
         finally:
             sock.close()
 
-    async def _call_all(self, msg: dict[str, Any]) -> list[tuple[dict[str, Any], bytes]]:
+    async def _call_all(self, msg: Message) -> list[Message]:
         calls = [s.channel.call(msg, wait=CALL_TIMEOUT) for s in self.slots
                  if s.is_ready and s.channel is not None and not s.channel.closed]
-        out = []
-        for result in await asyncio.gather(*calls, return_exceptions=True):
-            if isinstance(result, tuple):
-                out.append((result[0], result[1]))
-        return out
+        return [r for r in await asyncio.gather(*calls, return_exceptions=True) if isinstance(r, Message)]
 
-    async def _stats(self, chan: ControlChannel, msg: dict[str, Any]) -> None:
-        request: dict[str, Any] = {k: msg[k] for k in ("topic", "channel", "include_clients", "include_mem",
-                                                       "include_shards") if k in msg}
-        chan.reply(msg, {"ok": True}, orjson.dumps(await self.node_stats(request)))
+    async def _stats(self, slot: Slot, msg: StatsRequest, received: Received) -> None:
+        doc = await self.node_stats(msg)
+        if slot.channel is not None:
+            slot.channel.reply(received, StatsDocument(orjson.dumps(doc)))
 
-    async def _health(self, chan: ControlChannel, msg: dict[str, Any]) -> None:
+    async def _health(self, slot: Slot, received: Received) -> None:
         """``/ping`` is the node's health: the first shard that is not OK decides it."""
-        replies = [header for header, _ in await self._call_all({"op": "health"})]
-        bad = [r["health"] for r in replies if r.get("health", "OK") != "OK"]
-        chan.reply(msg, {"ok": True, "health": bad[0] if bad else "OK"})
+        replies = [r for r in await self._call_all(HealthRequest()) if isinstance(r, Health)]
+        bad = [r.health for r in replies if r.health != "OK"]
+        if slot.channel is not None:
+            slot.channel.reply(received, Health(bad[0] if bad else "OK"))
 
-    async def node_stats(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def node_stats(self, request: StatsRequest) -> dict[str, Any]:
         """The node's stats document: every ready shard's, merged (``aggregate.py``); the
         supervisor's own figures only with ``include_shards``."""
-        docs = [orjson.loads(p) for _, p in await self._call_all({"op": "stats", **request})]
-        doc = merge_stats(docs, self.stats() if request.get("include_shards") else None, request.get("topic", ""))
+        docs = [orjson.loads(r.doc) for r in await self._call_all(request) if isinstance(r, StatsDocument)]
+        doc = merge_stats(docs, self.stats() if request.include_shards else None, request.topic)
         doc["start_time"] = self.start_time
         return doc
 
@@ -388,7 +422,7 @@ class Supervisor:
         prefix = statsd_prefix(opts.statsd_prefix, opts.broadcast_address, opts.broadcast_http_port or self.http_port)
         lines = StatsdLines(prefix, opts.statsd_mem_stats, opts.statsd_exclude_ephemeral)
         return StatsdPusher(opts.statsd_address, opts.statsd_interval, opts.statsd_udp_packet_size, lines,
-                            lambda: self.node_stats({"include_clients": False}))
+                            lambda: self.node_stats(StatsRequest(include_clients=False)))
 
     def stats(self) -> dict[str, Any]:
         return {"shards": self.shards, "handoffs": self.handoffs, "http_handoffs": self.http_acceptor.handed,
@@ -396,30 +430,32 @@ class Supervisor:
                 "shard_status": [{"shard": s.index, "pid": s.pid, "ready": s.is_ready,
                                   "restarts": s.restarts} for s in self.slots]}
 
-    async def _proxy(self, chan: ControlChannel, msg: dict[str, Any], body: bytes) -> None:
+    async def _proxy(self, origin: Slot, msg: Proxy, received: Received) -> None:
         """An admin call for a topic another shard owns, run at the owner. An owner known to be
         down (dead, or booting again after a death) is answered at once with an error; one
         that is booting for the first time or does not answer gets ``PROXY_WAIT`` seconds.
         The asking shard turns an error into nsqd's ``500 INTERNAL_ERROR``."""
-        slot = self.slots[msg["shard"]]
+        answer = await self._run_at_owner(msg)
+        if origin.channel is not None:
+            origin.channel.reply(received, answer)
+
+    async def _run_at_owner(self, msg: Proxy) -> HTTPResponse | Failed:
+        slot = self.slots[msg.shard]
         deadline = time.monotonic() + PROXY_WAIT
         if slot.pid == 0 or (slot.restarts and not slot.is_ready) or (slot.channel is not None and slot.channel.closed):
-            chan.reply(msg, {"error": f"shard {slot.index} is down"})
-            return
+            return Failed(f"shard {slot.index} is down")
         try:
             await asyncio.wait_for(slot.ready.wait(), PROXY_WAIT)
             if slot.channel is None or slot.channel.closed:
                 raise ConnectionError("closed")
-            request: dict[str, Any] = {k: msg[k] for k in ("method", "path", "query", "scheme") if k in msg}
-            reply, payload, _ = await slot.channel.call({"op": "http", **request}, body,
-                                                        wait=max(0.1, deadline - time.monotonic()))
+            reply = await slot.channel.call(msg.at_owner(), wait=max(0.1, deadline - time.monotonic()))
         except ConnectionError:
-            chan.reply(msg, {"error": f"shard {slot.index} is down"})
-            return
+            return Failed(f"shard {slot.index} is down")
         except TimeoutError:
-            chan.reply(msg, {"error": f"shard {slot.index} did not answer in {PROXY_WAIT:g}s"})
-            return
-        chan.reply(msg, {"status": reply["status"], "headers": reply["headers"]}, payload)
+            return Failed(f"shard {slot.index} did not answer in {PROXY_WAIT:g}s")
+        if not isinstance(reply, HTTPResponse):
+            return Failed(f"shard {slot.index} answered {reply.op}")
+        return reply
 
     # --- main loop ------------------------------------------------------------------------------
     async def main(self) -> int:
@@ -493,12 +529,12 @@ class Supervisor:
                 listener.close()
         live = [s for s in self.slots if s.pid and s.channel is not None and not s.channel.closed]
         fin_wait = min(FIN_WAIT, SHUTDOWN_DEADLINE / 4)
-        quiesce = [s.channel.call({"op": "quiesce", "wait": fin_wait}, wait=max(0.1, deadline - time.monotonic()))
+        quiesce = [s.channel.call(Quiesce(fin_wait), wait=max(0.1, deadline - time.monotonic()))
                    for s in live if s.channel is not None]
         await asyncio.gather(*quiesce, return_exceptions=True)
         for slot in live:
             if slot.channel is not None and not slot.channel.closed:
-                slot.channel.send({"op": "exit"})
+                slot.channel.send(Exit())
         killed = await self._wait_children(deadline)
         if killed:
             log.error("%d shard(s) did not exit in time and were killed", killed)

@@ -8,8 +8,8 @@ import sys
 import uvloop
 
 from pynsqd import NSQ_VERSION, __version__, logs
+from pynsqd.node.config import parse_args
 from pynsqd.options import UsageError, run_cli
-from pynsqd.shard.config import parse_args
 from pynsqd.shm.cpu import this_host_refusal
 from pynsqd.supervisor.arbiter import Supervisor
 

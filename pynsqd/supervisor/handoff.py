@@ -31,8 +31,8 @@ from typing import Any
 
 import orjson
 
-from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.identify import Settings, negotiate
+from pynsqd.node.config import NsqdOptions
+from pynsqd.node.identify import Settings, negotiate
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import DEFAULT_MAX_LINE
 from pynsqd.wire.errors import ProtocolError

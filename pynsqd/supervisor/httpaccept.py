@@ -12,7 +12,7 @@ served what two should.
 
 ``HTTPAcceptor`` accepts here instead (an ``accept.Acceptor`` per listener, which also rides
 out a lack of descriptors) and sends each connection to the next ready shard, round robin, as
-an ``SCM_RIGHTS`` descriptor on its control channel (``serve_http``; the shard's
+an ``SCM_RIGHTS`` descriptor on its control channel (``ServeHTTP``; the shard's
 ``EmbeddedServer.adopt`` serves it). Shards then differ by at most one connection. Each
 wake-up accepts what is queued and sends each shard its share in one message, so a connection
 costs the supervisor about one ``accept``; its requests never pass through the supervisor.
@@ -36,6 +36,7 @@ import logging
 import socket
 from collections.abc import Collection
 
+from pynsqd.node.messages import ServeHTTP
 from pynsqd.supervisor.accept import Accepted, Acceptor
 from pynsqd.supervisor.slots import Slot
 
@@ -108,7 +109,7 @@ class HTTPAcceptor:
         try:
             if channel is None:
                 raise ConnectionError(f"shard {index} has no control channel")
-            channel.send({"op": "serve_http", "tls": tls}, b"", [c.fileno() for c in conns])
+            channel.send(ServeHTTP(tls), [c.fileno() for c in conns])
             if channel.closed:  # the send found the shard gone (EPIPE) and dropped the message
                 raise ConnectionError(f"shard {index} closed its control channel")
         except OSError as exc:  # ConnectionError: the channel closed

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A cross-shard publish is acknowledged once it is in the owner's inbound ring
-(``shard/crossshard.py``), and a ring that still holds records when the node stops (an
+(``node/rings.py``), and a ring that still holds records when the node stops (an
 owner killed before it drained) is kept for the next start. With the same ``--shards`` the
 owner drains it as it boots. With another count the ring may be no (producer, owner) pair
 of this run, or hold topics that ``Placement.rebalance_at_start`` gave to another shard:
@@ -30,13 +30,13 @@ import re
 import struct
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from pynsqd.shard import metadata
-from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.crossrecord import decode_batch
-from pynsqd.shard.crossshard import ring_name
-from pynsqd.shard.node import make_backend
+from pynsqd.node import metadata
+from pynsqd.node.config import NsqdOptions
+from pynsqd.node.crossrecord import decode_batch
+from pynsqd.node.datapath import make_backend
+from pynsqd.node.metadata import TopicRecord
+from pynsqd.node.rings import ring_name
 from pynsqd.shm import sidecar as sidecar_file
 from pynsqd.shm.diskqueue import DiskQueueError
 from pynsqd.shm.ring import ByteRing, RingError
@@ -49,7 +49,7 @@ _PAIR = re.compile(r"(\d+)-(\d+)")
 Batch = tuple[str, Sequence[bytes], int]  # topic, encoded messages, due monotonic ns (0: ready)
 
 
-def rescue(opts: NsqdOptions, shards: int, owner: Callable[[str], int], topics: list[Any]) -> set[str]:
+def rescue(opts: NsqdOptions, shards: int, owner: Callable[[str], int], topics: list[TopicRecord]) -> set[str]:
     """Move what leftover rings hold for another owner to disk (see the module doc).
     ``topics`` is nsqd.dat's list, extended (and saved) with the topics it had not. Returns
     the names of rings that must be kept because their batches could not be stored."""
@@ -73,7 +73,7 @@ def rescue(opts: NsqdOptions, shards: int, owner: Callable[[str], int], topics: 
 
 
 def _rescue_ring(opts: NsqdOptions, name: str, segment: Segment, current: bool, dst: int,
-                 owner: Callable[[str], int], topics: list[Any], keep: set[str]) -> None:
+                 owner: Callable[[str], int], topics: list[TopicRecord], keep: set[str]) -> None:
     try:
         ring = ByteRing(segment.buf, init=False)
     except RingError as exc:
@@ -115,11 +115,11 @@ def _rescue_ring(opts: NsqdOptions, name: str, segment: Segment, current: bool, 
         segment.unlink()
 
 
-def store_batches(opts: NsqdOptions, batches: list[Batch], topics: list[Any]) -> None:
+def store_batches(opts: NsqdOptions, batches: list[Batch], topics: list[TopicRecord]) -> None:
     """Append each batch to its topic's disk queue or journal, then make sure nsqd.dat lists
     the topic. Raises ``OSError`` or ``DiskQueueError`` when something is not stored."""
     ready: dict[str, list[bytes]] = {}
-    known = {t[0] for t in topics}
+    known = {t.name for t in topics}
     added = False
     now_mono, now_wall = time.monotonic_ns(), time.time_ns()
     for topic, messages, due in batches:
@@ -129,7 +129,7 @@ def store_batches(opts: NsqdOptions, batches: list[Batch], topics: list[Any]) ->
             continue
         if topic not in known:
             known.add(topic)
-            topics.append((topic, False, []))
+            topics.append(TopicRecord(topic, False, []))
             added = True
         if not due:
             ready.setdefault(topic, []).extend(messages)
@@ -144,5 +144,4 @@ def store_batches(opts: NsqdOptions, batches: list[Batch], topics: list[Any]) ->
         finally:
             queue.close()  # syncs the data and the metadata
     if added:
-        metadata.save(opts.data_dir, metadata.encode(
-            [(t[0], bool(t[1]), [(c[0], bool(c[1])) for c in t[2]]) for t in topics]))
+        metadata.save(opts.data_dir, metadata.encode(topics))

@@ -9,23 +9,13 @@ resets it after a shard that ran long enough.
 from __future__ import annotations
 
 import asyncio
-import mmap
-import os
-import struct
-import time
 
-from pynsqd.supervisor.control import ControlChannel
+from pynsqd.node.control import ControlChannel
+from pynsqd.node.heartbeat import Heartbeat
 
-# The contract between the supervisor and a worker process, here rather than in the worker
-# module so that the supervisor never imports the shard's HTTP and broker stack.
-BOOT_ERROR = 3  # exit status: this worker cannot start; do not respawn (gunicorn's 3 too)
-ENV = "PYNSQD_WORKER"  # the environment variable naming a spawned process as a worker
-
-STALL_AFTER = 1.5  # seconds without a beat before a shard gets no new HTTP connections (it beats every 0.5)
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 10.0
 STABLE_AFTER = 10.0
-_SLOT = struct.Struct("d")
 
 
 class Slot:
@@ -40,11 +30,9 @@ class Slot:
         self.started = 0.0
         self.respawn_at: float | None = None
         self.abort_sent: float | None = None
-        self.stalled = False  # no beat for STALL_AFTER: alive, but its loop is not turning
+        self.stalled = False  # no beat for heartbeat.STALL_AFTER: alive, but its loop is not turning
         self._quick_deaths = 0
-        self.heartbeat_fd = os.memfd_create(f"pynsqd-heartbeat-{index}", os.MFD_CLOEXEC)
-        os.ftruncate(self.heartbeat_fd, mmap.PAGESIZE)
-        self._beat = mmap.mmap(self.heartbeat_fd, mmap.PAGESIZE)
+        self.heartbeat = Heartbeat.create(index)
 
     @property
     def is_ready(self) -> bool:
@@ -56,11 +44,11 @@ class Slot:
         return self.is_ready and not self.stalled and self.channel is not None and not self.channel.closed
 
     def reset_heartbeat(self) -> None:
-        _SLOT.pack_into(self._beat, 0, time.monotonic())
+        self.heartbeat.beat()
         self.stalled = False
 
     def last_beat(self) -> float:
-        return float(_SLOT.unpack_from(self._beat, 0)[0])
+        return self.heartbeat.last()
 
     def died(self) -> None:
         """The process is gone (reaped)."""

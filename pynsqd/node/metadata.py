@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -25,8 +25,33 @@ FILENAME = "nsqd.dat"
 log = logging.getLogger("pynsqd.shard")
 
 
-def encode(topics: list[tuple[str, bool, list[tuple[str, bool]]]]) -> bytes:
-    """``[(topic, paused, [(channel, paused), ...]), ...]`` → the file's bytes."""
+class ChannelRecord(NamedTuple):
+    """A channel as ``nsqd.dat`` keeps it."""
+
+    name: str
+    paused: bool
+
+
+class TopicRecord(NamedTuple):
+    """A topic as ``nsqd.dat`` keeps it: its paused flag and its channels."""
+
+    name: str
+    paused: bool
+    channels: list[ChannelRecord]
+
+    @classmethod
+    def from_json(cls, value: Any) -> TopicRecord:
+        """From its JSON form (``[name, paused, [[name, paused], ...]]``, as a shard's snapshot
+        sends it)."""
+        name, paused, channels = value
+        return cls(str(name), bool(paused), [ChannelRecord(str(c), bool(p)) for c, p in channels])
+
+    def to_json(self) -> list[Any]:
+        return [self.name, self.paused, [[c.name, c.paused] for c in self.channels]]
+
+
+def encode(topics: list[TopicRecord]) -> bytes:
+    """Topics → the file's bytes."""
     out = []
     for name, paused, channels in topics:
         if is_ephemeral(name):
@@ -36,7 +61,7 @@ def encode(topics: list[tuple[str, bool, list[tuple[str, bool]]]]) -> bytes:
     return orjson.dumps({"topics": out, "version": NSQ_VERSION})
 
 
-def decode(data: bytes) -> list[tuple[str, bool, list[tuple[str, bool]]]]:
+def decode(data: bytes) -> list[TopicRecord]:
     """The file's bytes → topics; invalid names are skipped with a warning, as nsqd does.
 
     Raises ``ValueError`` when the file is not nsqd metadata at all."""
@@ -58,12 +83,12 @@ def decode(data: bytes) -> list[tuple[str, bool, list[tuple[str, bool]]]]:
             if not isinstance(cname, str) or not is_valid_name(cname):
                 log.warning("skipping creation of invalid channel %r", cname)
                 continue
-            channels.append((cname, bool(c.get("paused"))))
-        topics.append((name, bool(t.get("paused")), channels))
+            channels.append(ChannelRecord(cname, bool(c.get("paused"))))
+        topics.append(TopicRecord(name, bool(t.get("paused")), channels))
     return topics
 
 
-def load(data_dir: str) -> list[tuple[str, bool, list[tuple[str, bool]]]]:
+def load(data_dir: str) -> list[TopicRecord]:
     """Read ``nsqd.dat`` (none yet: no topics). Raises ``ValueError`` on a corrupt file."""
     path = os.path.join(data_dir, FILENAME)
     try:

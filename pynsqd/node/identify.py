@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 
 from pynsqd import NSQ_VERSION
+from pynsqd.node.config import NsqdOptions
 from pynsqd.options import MS
-from pynsqd.shard.config import NsqdOptions
 from pynsqd.wire.errors import ProtocolError
 
 _STRINGS = ("client_id", "hostname", "user_agent", "topology_region", "topology_zone")

@@ -1,11 +1,12 @@
-"""Control messages between the supervisor and its shards: unix SEQPACKET + orjson.
+"""The control channel between the supervisor and a shard: unix SEQPACKET + orjson.
 
 Theory of operation
 -------------------
 Each shard has one ``socketpair(AF_UNIX, SOCK_SEQPACKET)`` with the supervisor; the
-supervisor is the hub, so shard↔shard requests (admin calls, stats) go through it. A message
-is a JSON header (orjson), an optional raw payload (the unread bytes of a handed-over
-connection, a proxied HTTP body) and optional file descriptors (``SCM_RIGHTS``). On the wire
+supervisor is the hub, so shard↔shard requests (admin calls, stats) go through it. What it
+carries are the typed messages of ``messages.py``: each is sent as a JSON header (orjson), an
+optional raw payload (the unread bytes of a handed-over connection, a proxied HTTP body) and
+optional file descriptors (``SCM_RIGHTS``). On the wire
 one message is one or more datagrams ``[1B more-flag][chunk]``: SEQPACKET keeps datagram
 boundaries, so there is no length framing to parse, and a large message (a stats document of
 a busy node) is split into ``CHUNK``-sized datagrams that the receiver joins. Descriptors
@@ -13,8 +14,10 @@ travel with the first datagram.
 
 Sending never blocks the event loop: the socket is non-blocking, and what the kernel does not
 take (EAGAIN) waits in a queue drained when the socket is writable again. ``call`` sends a
-request with a fresh ``rid`` and returns a future resolved by the reply carrying that ``rid``;
-``reply`` answers one. A closed peer fails every pending call with ``ConnectionError``.
+request with a fresh ``rid`` and returns the reply message that carries that ``rid`` back (as
+``re``); ``reply`` answers one. A closed peer fails every pending call with
+``ConnectionError``. A received message reaches the handler as a ``Received``: descriptors the
+handler does not ``take`` are closed when it returns.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from typing import Any
 
 import orjson
 
+from pynsqd.node.messages import Message, decode_message
+
 log = logging.getLogger("pynsqd.control")
 
 CHUNK = 60 * 1024
@@ -37,8 +42,25 @@ PROXY_WAIT = 5.0  # seconds the supervisor gives a proxied admin call at its own
 SOCKET_BUFFER = 4 * 1024 * 1024
 _HEAD = struct.Struct(">I")
 
-Message = tuple[dict[str, Any], bytes, list[int]]
-Handler = Callable[["ControlChannel", dict[str, Any], bytes, list[int]], None]
+
+
+class Received:
+    """A message from the peer, its descriptors, and the ``rid`` to reply to (a call's)."""
+
+    __slots__ = ("fds", "message", "rid")
+
+    def __init__(self, message: Message, fds: list[int], rid: int | None) -> None:
+        self.message = message
+        self.fds = fds
+        self.rid = rid
+
+    def take_fds(self) -> list[int]:
+        """The descriptors, now the caller's to close."""
+        fds, self.fds = self.fds, []
+        return fds
+
+
+Handler = Callable[["ControlChannel", Received], None]
 
 
 def channel_pair() -> tuple[socket.socket, socket.socket]:
@@ -95,9 +117,13 @@ class ControlChannel:
         loop.add_reader(self.sock.fileno(), self._readable)
 
     # --- sending --------------------------------------------------------------------------
-    def send(self, header: dict[str, Any], payload: bytes = b"", fds: list[int] | None = None) -> None:
-        """Queue a message. ``fds`` are duplicated here (close yours whenever you like); the
+    def send(self, message: Message, fds: list[int] | None = None) -> None:
+        """Queue ``message``. ``fds`` are duplicated here (close yours whenever you like); the
         duplicates are closed once the kernel has taken the message."""
+        header, payload = message.encode()
+        self._send(header, payload, fds)
+
+    def _send(self, header: dict[str, Any], payload: bytes, fds: list[int] | None = None) -> None:
         if self.closed:
             raise ConnectionError(f"control channel {self.name} closed")
         chunks = encode(header, payload)
@@ -131,8 +157,7 @@ class ControlChannel:
             self._writing = False
             self._loop.remove_writer(self.sock.fileno())
 
-    async def call(self, header: dict[str, Any], payload: bytes = b"", fds: list[int] | None = None,
-                   wait: float = 10.0) -> Message:
+    async def call(self, message: Message, fds: list[int] | None = None, wait: float = 10.0) -> Message:
         """Send a request and wait for its reply. Raises ``ConnectionError``/``TimeoutError``."""
         assert self._loop is not None
         self._next_rid += 1
@@ -140,14 +165,17 @@ class ControlChannel:
         fut: asyncio.Future[Message] = self._loop.create_future()
         self._calls[rid] = fut
         try:
-            self.send({**header, "rid": rid}, payload, fds)
+            header, payload = message.encode()
+            self._send({**header, "rid": rid}, payload, fds)
             return await asyncio.wait_for(fut, wait)
         finally:
             self._calls.pop(rid, None)
 
-    def reply(self, request: dict[str, Any], header: dict[str, Any], payload: bytes = b"") -> None:
+    def reply(self, request: Received, message: Message) -> None:
+        """Answer ``request`` (a ``call`` of the peer) with ``message``."""
         if not self.closed:
-            self.send({**header, "op": "reply", "re": request.get("rid")}, payload)
+            header, payload = message.encode()
+            self._send({**header, "re": request.rid}, payload)
 
     # --- receiving ------------------------------------------------------------------------
     def _readable(self) -> None:
@@ -160,8 +188,7 @@ class ControlChannel:
                 self._lost(exc)
                 return
             if not data:
-                for fd in fds:
-                    os.close(fd)
+                _close_all(fds)
                 self._lost(None)
                 return
             self._partial.append(data[1:])
@@ -173,23 +200,23 @@ class ControlChannel:
             self._partial, self._partial_fds = [], []
             try:
                 header, payload = decode(raw)
+                message = decode_message(header, payload)
             except ValueError as exc:
                 log.error("control(%s): bad message - %s", self.name, exc)
-                for fd in fds_all:
-                    os.close(fd)
+                _close_all(fds_all)
                 continue
-            if header.get("op") == "reply":
-                fut = self._calls.get(header.get("re", -1))
+            if "re" in header:
+                fut = self._calls.get(header["re"])
                 if fut is not None and not fut.done():
-                    fut.set_result((header, payload, fds_all))
-                else:
-                    for fd in fds_all:
-                        os.close(fd)
+                    fut.set_result(message)
+                _close_all(fds_all)  # a reply carries none
                 continue
+            received = Received(message, fds_all, header.get("rid"))
             try:
-                self.handler(self, header, payload, fds_all)
+                self.handler(self, received)
             except Exception:
-                log.exception("control(%s): handler failed for %s", self.name, header.get("op"))
+                log.exception("control(%s): handler failed for %s", self.name, message.op)
+            _close_all(received.fds)
 
     def _lost(self, exc: BaseException | None) -> None:
         if self.closed:
@@ -214,3 +241,8 @@ class ControlChannel:
                 os.close(fd)
         self._out.clear()
         self.sock.close()
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)

@@ -1,0 +1,60 @@
+"""What a shard worker is started with: ``BootConfig``, from the supervisor's ``spawn``.
+
+A worker is a fresh interpreter (``python -m pynsqd.shard.worker``) whose descriptors — its
+end of the control socketpair, its heartbeat page, one eventfd per shard — are inherited and
+named here, with the node's resolved options, so it never re-reads flags or config files.
+The config travels as JSON in the ``ENV`` environment variable. A worker that cannot start
+writes one line on stderr and exits with ``BOOT_ERROR``, which stops the node instead of
+respawning it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import orjson
+
+from pynsqd.node.config import NsqdOptions
+from pynsqd.shm.sizing import LogSizing
+
+ENV = "PYNSQD_WORKER"  # the environment variable naming a spawned process as a worker
+BOOT_ERROR = 3  # exit status: this worker cannot start; do not respawn (gunicorn's 3 too)
+
+
+@dataclasses.dataclass(frozen=True)
+class BootConfig:
+    index: int  # this shard
+    shards: int
+    parent: int  # the supervisor's pid: a worker whose parent is gone exits
+    opts: NsqdOptions
+    log_sizing: LogSizing  # planned once for the node
+    start_time: int  # the node's, in seconds and nanoseconds
+    start_ns: int
+    tcp_port: int  # the node's listeners, for /info and lookupd
+    http_port: int
+    https_port: int
+    http: bool  # the node serves HTTP / HTTPS (connections come as ``ServeHTTP``)
+    https: bool
+    control_fd: int  # inherited descriptors
+    heartbeat_fd: int
+    wake_fds: list[int]  # one eventfd per shard: wakes its inbound rings' owner
+
+    @property
+    def inherited(self) -> list[int]:
+        return [self.control_fd, self.heartbeat_fd, *self.wake_fds]
+
+    def encode(self) -> str:
+        return orjson.dumps(dataclasses.asdict(self)).decode()
+
+    @classmethod
+    def decode(cls, text: str) -> BootConfig:
+        raw = orjson.loads(text)
+        raw["opts"] = NsqdOptions(**raw["opts"])
+        raw["log_sizing"] = LogSizing(**raw["log_sizing"])
+        return cls(**raw)
+
+    @classmethod
+    def from_environment(cls) -> BootConfig:
+        """This worker's config (removed from the environment, so children do not see it)."""
+        return cls.decode(os.environ.pop(ENV))
