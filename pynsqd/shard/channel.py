@@ -31,10 +31,8 @@ per id (filled in C) and one ``Delivery`` to the timeout wheel (``pynsqd.shard.i
 a run of FINs read in one go is one ``finish_many`` call (two dict pops and one state byte
 per id, one pump scheduled).
 
-Consumers are duck-typed (``pynsqd.shard.protocol.ClientV2``); the channel uses their
-``capacity()``, ``output()`` (the buffer frames go to), ``delivered(count)``,
-``deliver(messages)`` (sampled deliveries), ``in_flight_count``, ``finish_count``,
-``requeue_count``, ``msg_timeout``, ``sample_rate``, and ``close_for_channel_delete()``.
+Consumers are ``Consumer``s (``consumer.py``: what the channel needs from one;
+``pynsqd.shard.protocol.ClientV2`` is the one that serves a connection).
 """
 
 from __future__ import annotations
@@ -43,8 +41,8 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
+from pynsqd.shard.consumer import Consumer
 from pynsqd.shard.inflight import NO_IDS, DeferredQueue, Delivery, TimeoutWheel
 from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import MessageQueue
@@ -79,7 +77,7 @@ class Channel:
         self.in_flight: dict[bytes, Delivery] = {}  # message id → its delivery
         self.in_flight_pos: dict[bytes, int] = {}  # message id → log position
         self.timeouts = TimeoutWheel()
-        self.consumers: list[Any] = []
+        self.consumers: list[Consumer] = []
         self.paused = False
         self.deleted = False
         self.max_consumers = max_consumers
@@ -141,14 +139,14 @@ class Channel:
         self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = pos
 
     # --- consumers ------------------------------------------------------------------------
-    def add_consumer(self, client: Any) -> None:
+    def add_consumer(self, client: Consumer) -> None:
         if self.max_consumers and len(self.consumers) >= self.max_consumers:
             raise ChannelError(f"consumers for {self.topic_name}:{self.name} exceeds limit of "
                                f"{self.max_consumers}")
         self.consumers.append(client)
         self._schedule(self)
 
-    def remove_consumer(self, client: Any, now: int) -> None:
+    def remove_consumer(self, client: Consumer, now: int) -> None:
         """Forget ``client``; what it held in flight is queued again at once."""
         try:
             self.consumers.remove(client)
@@ -199,7 +197,7 @@ class Channel:
                 return
             budget -= moved
 
-    def _deliver(self, client: Any, count: int, now: int) -> int:
+    def _deliver(self, client: Consumer, count: int, now: int) -> int:
         """Hand ``client`` up to ``count`` ready messages; how many were taken (0: none was
         ready)."""
         if client.sample_rate:
@@ -212,7 +210,7 @@ class Channel:
         client.delivered(len(positions))
         return len(positions)
 
-    def _hold(self, client: Any, ids: list[bytes], positions: list[int], now: int) -> None:
+    def _hold(self, client: Consumer, ids: list[bytes], positions: list[int], now: int) -> None:
         """``ids`` (at ``positions``) are in flight at ``client`` from ``now``."""
         delivery = Delivery(ids, client, now, now + client.msg_timeout)
         self.timeouts.add(delivery)
@@ -222,7 +220,7 @@ class Channel:
         self.in_flight_pos.update(zip(ids, positions))
         client.in_flight_count += len(in_flight) - held  # a duplicate id counts once, as FIN will
 
-    def _deliver_sampled(self, client: Any, count: int, now: int) -> int:
+    def _deliver_sampled(self, client: Consumer, count: int, now: int) -> int:
         """``--sample-rate``: each message is delivered with that chance, else consumed;
         returns how many were taken (delivered or sampled out)."""
         positions, records = self.queue.take(count)
@@ -250,7 +248,7 @@ class Channel:
         return len(records)
 
     # --- FIN / REQ / TOUCH ----------------------------------------------------------------
-    def _get_in_flight(self, client: Any, msg_id: bytes) -> Delivery:
+    def _get_in_flight(self, client: Consumer, msg_id: bytes) -> Delivery:
         delivery = self.in_flight.get(msg_id)
         if delivery is None:
             raise ChannelError("ID not in flight")
@@ -258,20 +256,20 @@ class Channel:
             raise ChannelError("client does not own message")
         return delivery
 
-    def _pop_in_flight(self, client: Any, msg_id: bytes) -> int:
+    def _pop_in_flight(self, client: Consumer, msg_id: bytes) -> int:
         """Take ``msg_id`` out of flight; its log position."""
         self._get_in_flight(client, msg_id).settle()
         del self.in_flight[msg_id]
         client.in_flight_count -= 1
         return self.in_flight_pos.pop(msg_id)
 
-    def finish(self, client: Any, msg_id: bytes) -> None:
+    def finish(self, client: Consumer, msg_id: bytes) -> None:
         """FIN one message; raises ``ChannelError`` with nsqd's reason."""
         failed = self.finish_many(client, [msg_id])
         if failed:
             raise ChannelError(failed[0][1])
 
-    def finish_many(self, client: Any, ids: list[bytes]) -> list[tuple[bytes, str]]:
+    def finish_many(self, client: Consumer, ids: list[bytes]) -> list[tuple[bytes, str]]:
         """FIN each of ``ids`` in order; returns [(id, nsqd's reason)] of those that failed."""
         in_flight = self.in_flight
         pop_pos = self.in_flight_pos.pop
@@ -300,7 +298,7 @@ class Channel:
             self.notify_ready()
         return failed
 
-    def requeue(self, client: Any, msg_id: bytes, delay: int, now: int) -> None:
+    def requeue(self, client: Consumer, msg_id: bytes, delay: int, now: int) -> None:
         """REQ: back to the queue now (``delay`` 0) or after ``delay`` ns."""
         pos = self._pop_in_flight(client, msg_id)
         client.requeue_count += 1
@@ -312,7 +310,7 @@ class Channel:
             self.queue.requeue(pos)
         self.notify_ready()
 
-    def touch(self, client: Any, msg_id: bytes, now: int, max_msg_timeout: int) -> None:
+    def touch(self, client: Consumer, msg_id: bytes, now: int, max_msg_timeout: int) -> None:
         old = self._get_in_flight(client, msg_id)
         old.settle()
         moved = Delivery([msg_id], client, old.delivered,
