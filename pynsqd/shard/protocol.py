@@ -3,14 +3,11 @@
 Theory of operation
 -------------------
 ``data_received`` checks the magic once, feeds ``CommandParser`` and runs each command it
-returns through a handler that follows nsqd's checks in nsqd's order (state, parameters,
-names, then the action). A ``ProtocolError`` becomes an error frame; a fatal one also
-closes the connection once everything queued before it has been written.
-
-States (``stateInit`` 0 → ``stateSubscribed`` 3 → ``stateClosing`` 4, as in nsqd's stats):
-IDENTIFY, AUTH and SUB only in INIT (IDENTIFY may repeat); RDY, FIN, REQ, TOUCH once
-subscribed (FIN/REQ/TOUCH also while closing; RDY is ignored while closing); PUB, MPUB,
-DPUB and NOP in any state.
+returns through its handler (``commands.py``: the commands, their checks in nsqd's order,
+and the session state they change; ``ClientV2`` is the connection around them: bytes in and
+out, buffering, timers, upgrades, and what the channel calls). A ``ProtocolError`` becomes an
+error frame; a fatal one also closes the connection once everything queued before it has
+been written.
 
 Output: message frames collect in ``_out`` and are written when the buffer reaches the
 negotiated ``output_buffer_size``, when the consumer has no room left (RDY reached), or
@@ -40,35 +37,29 @@ import ssl
 import struct
 import time
 from collections import deque
+from collections.abc import Coroutine
 from typing import Any, cast
 
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.identify import Settings, negotiate
+from pynsqd.node.identify import Settings
 from pynsqd.options import MS
 from pynsqd.shard.auth import AuthSession, NeedQuery
-from pynsqd.shard.broker import Backpressure, Broker, BrokerError
-from pynsqd.shard.channel import Channel, ChannelError
+from pynsqd.shard.broker import Backpressure, Broker
+from pynsqd.shard.commands import COMMANDS, STATE_CLOSING, STATE_SUBSCRIBED, Relayed, V2Commands
 from pynsqd.shard.transport import NO_TLS, CompressedTransport, peer_common_name, start_tls, tls_info
 from pynsqd.wire import MAGIC_V2
-from pynsqd.wire.commands import FIN_RUN, Command, CommandParser, encode_command, ms_to_duration_ns, parse_base10
+from pynsqd.wire.commands import FIN_RUN, Command, CommandParser, encode_command
 from pynsqd.wire.compression import Codec, CompressionError, make_codec
-from pynsqd.wire.errors import ProtocolError, go_quote
+from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.frames import (
-    CLOSE_WAIT_FRAME,
     FRAME_ERROR,
     FRAME_MESSAGE,
     HEARTBEAT_FRAME,
     OK_FRAME,
     encode_frame,
-    encode_response,
 )
-from pynsqd.wire.names import is_valid_name
 
 log = logging.getLogger("pynsqd.shard")
-
-STATE_INIT = 0
-STATE_SUBSCRIBED = 3
-STATE_CLOSING = 4
 
 _MSG_HEADER = struct.Struct(">ii")
 _ATTEMPTS = struct.Struct(">H")
@@ -77,33 +68,21 @@ _pack_attempts_into = _ATTEMPTS.pack_into
 STALL_RETRY = 0.001  # seconds between tries to put into a full cross-shard ring
 
 
-class Relayed(Exception):
-    """A SUB for a topic another shard owns: the connection moves there (``shard/relay.py``)."""
-
-    def __init__(self, owner: int) -> None:
-        super().__init__(owner)
-        self.owner = owner
-
-
-class ClientV2(asyncio.Protocol):
+class ClientV2(V2Commands, asyncio.Protocol):
     """One client connection speaking protocol V2."""
 
     _next_id = 0
 
     def __init__(self, broker: Broker, opts: NsqdOptions, tls_ctx: ssl.SSLContext | None = None,
                  handoff: tuple[dict[str, Any], bytes] | None = None) -> None:
-        self.broker = broker
+        super().__init__(broker, opts)
         self._handoff = handoff  # (state, unread bytes) of a connection adopted from elsewhere
         self._unreplayed = b""  # handed-over bytes not yet fed to the parser
         self._stalled = False  # the next command waits for room in another shard's ring
         self._stall_timer: asyncio.TimerHandle | None = None
-        self.opts = opts
         self.tls_ctx = tls_ctx
         self._tls_required = opts.tls_required != "false"
-        self.auth: AuthSession | None = None
-        self.tls = False
         self.tls_info = NO_TLS
-        self.compression = ""
         self._decoder: Codec | None = None
         self._events: deque[Command | ProtocolError] = deque()
         self._suspended = False  # an upgrade or auth query is running: hold commands and output
@@ -111,17 +90,6 @@ class ClientV2(asyncio.Protocol):
         ClientV2._next_id += 1
         self.id = ClientV2._next_id
         self.transport: asyncio.Transport | None = None
-        self.remote_address = ""
-        self.settings: Settings
-        self.state = STATE_INIT
-        self.channel: Channel | None = None
-        self.rdy = 0
-        self.in_flight_count = 0  # messages of ours the channel holds in flight
-        self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
-        self.pub_counts: dict[str, int] = {}
-        self.connect_ts = int(time.time())
         self._parser = CommandParser(opts.max_msg_size, opts.max_body_size, opts.max_req_timeout // MS,
                                      fin_runs=True)
         self._magic = b""
@@ -131,12 +99,6 @@ class ClientV2(asyncio.Protocol):
         self._last_read = time.monotonic_ns()
         self._write_paused_at = 0
         self._closing = False
-        self._handlers = {
-            b"IDENTIFY": self._identify, b"SUB": self._sub, b"RDY": self._rdy,
-            b"FIN": self._fin, b"REQ": self._req, b"TOUCH": self._touch, b"CLS": self._cls,
-            b"NOP": self._nop, b"PUB": self._pub, b"MPUB": self._mpub, b"DPUB": self._dpub,
-            b"AUTH": self._auth,
-        }
 
     def __repr__(self) -> str:
         return f"<ClientV2 {self.remote_address}>"
@@ -249,14 +211,14 @@ class ClientV2(asyncio.Protocol):
                 else:
                     self._fin_many(params)
                 continue
-            handler = self._handlers.get(name)
+            handler = COMMANDS.get(name)
             try:
                 if self._tls_required and not self.tls and name != b"IDENTIFY":
                     raise ProtocolError("E_INVALID", f"cannot {name.decode('utf-8', 'surrogateescape')} "
                                         "in current state (TLS required)")
                 if handler is None:
                     raise ProtocolError("E_INVALID", f"invalid command {name.decode('utf-8', 'surrogateescape')}")
-                handler(params, body)
+                handler(self, params, body)
             except NeedQuery:
                 events.appendleft(event)
                 self._suspend(self._query_auth())
@@ -307,6 +269,9 @@ class ClientV2(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self.broker.clients.discard(self)
+
+    def _input_pending(self) -> bool:
+        return bool(self._events) or bool(self._parser.buffered)
 
     def pending_input(self, events: deque[Command | ProtocolError]) -> bytes:
         """The raw (decoded) bytes of ``events`` and of what the parser holds, for a relay."""
@@ -451,14 +416,14 @@ class ClientV2(asyncio.Protocol):
         self._arm_heartbeat()
 
     # --- suspending the command stream: upgrades and auth queries --------------------------
-    def _suspend(self, work: Any) -> None:
+    def _suspend(self, work: Coroutine[Any, Any, None]) -> None:
         """Hold commands and output until ``work`` (a coroutine) is done, then carry on."""
         self._suspended = True
         assert self.transport is not None
         self.transport.pause_reading()
         self._task = asyncio.get_running_loop().create_task(self._run_suspended(work))
 
-    async def _run_suspended(self, work: Any) -> None:
+    async def _run_suspended(self, work: Coroutine[Any, Any, None]) -> None:
         try:
             await work
         finally:
@@ -503,178 +468,3 @@ class ClientV2(asyncio.Protocol):
         self._decoder = codec
         self.compression = name
         self._send(OK_FRAME)
-
-    # --- commands -------------------------------------------------------------------------
-    def _identify(self, params: list[bytes], body: Any) -> None:
-        if self.state != STATE_INIT:
-            raise ProtocolError("E_INVALID", "cannot IDENTIFY in current state")
-        old_hb = self.settings.heartbeat_interval
-        settings, response = negotiate(body, self.opts, self.settings)
-        tls, compression = settings.upgrade_tls, settings.compression
-        if (tls and self.tls) or (compression and self.compression):
-            raise ProtocolError("E_IDENTIFY_FAILED", "IDENTIFY failed connection already upgraded")
-        if (tls or compression) and (self._events or self._parser.buffered):
-            raise ProtocolError("E_IDENTIFY_FAILED", "IDENTIFY failed data sent before the upgrade completed")
-        self.settings = settings
-        self._send(encode_response(response))
-        if self.settings.heartbeat_interval != old_hb:
-            self._arm_heartbeat()
-        if tls:
-            log.info("PROTOCOL(V2): [%s] upgrading connection to TLS", self.remote_address)
-            self._suspend(self._upgrade_tls(compression, settings.deflate_level))
-        elif compression:
-            self._compress(compression, settings.deflate_level)
-
-    def _auth(self, params: list[bytes], body: Any) -> None:
-        if self.state != STATE_INIT:
-            raise ProtocolError("E_INVALID", "cannot AUTH in current state")
-        if len(params) != 1:
-            raise ProtocolError("E_INVALID", "AUTH invalid number of parameters")
-        assert self.auth is not None
-        self._send(encode_response(self.auth.authenticate(body)))
-
-    def _sub(self, params: list[bytes], body: Any) -> None:
-        if self.state != STATE_INIT:
-            raise ProtocolError("E_INVALID", "cannot SUB in current state")
-        if not self.settings.heartbeat_interval:
-            raise ProtocolError("E_INVALID", "cannot SUB with heartbeats disabled")
-        if len(params) < 3:
-            raise ProtocolError("E_INVALID", "SUB insufficient number of parameters")
-        topic_name = params[1].decode("utf-8", "surrogateescape")
-        if not is_valid_name(topic_name):
-            raise ProtocolError("E_BAD_TOPIC", f"SUB topic name {go_quote(params[1])} is not valid")
-        channel_name = params[2].decode("utf-8", "surrogateescape")
-        if not is_valid_name(channel_name):
-            raise ProtocolError("E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid")
-        assert self.auth is not None
-        self.auth.check("SUB", topic_name, channel_name)
-        router = self.broker.router
-        if router is not None:
-            owner = router.owner(topic_name)
-            if owner != self.broker.shard:
-                raise Relayed(owner)
-        if self.broker.exiting:
-            raise ProtocolError("E_SUB_FAILED", "SUB failed exiting")
-        topic = self.broker.get_topic(topic_name)
-        channel = self.broker.get_channel(topic, channel_name)
-        try:
-            channel.add_consumer(self)
-        except ChannelError as exc:
-            raise ProtocolError("E_SUB_FAILED", f"SUB failed {exc}") from None
-        self.channel = channel
-        self.state = STATE_SUBSCRIBED
-        self._send(OK_FRAME)
-
-    def _rdy(self, params: list[bytes], body: Any) -> None:
-        if self.state == STATE_CLOSING:
-            return
-        if self.state != STATE_SUBSCRIBED:
-            raise ProtocolError("E_INVALID", "cannot RDY in current state")
-        count = 1
-        if len(params) > 1:
-            try:
-                parsed = parse_base10(params[1])
-            except ValueError:
-                raw = params[1].decode("utf-8", "surrogateescape")
-                raise ProtocolError("E_INVALID", f"RDY could not parse count {raw}") from None
-            count = parsed - (1 << 64) if parsed >= 1 << 63 else parsed  # Go's int64(uint64)
-        if not 0 <= count <= self.opts.max_rdy_count:
-            raise ProtocolError("E_INVALID", f"RDY count {count} out of range 0-{self.opts.max_rdy_count}")
-        self.rdy = count
-        if self.channel is not None:
-            if self._out and self.capacity() <= 0:
-                self._flush()
-            self.channel.notify_ready()
-
-    def _message_id(self, cmd: str, params: list[bytes], need: int) -> bytes:
-        if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
-            raise ProtocolError("E_INVALID", f"cannot {cmd} in current state")
-        if len(params) < need:
-            raise ProtocolError("E_INVALID", f"{cmd} insufficient number of params")
-        msg_id = params[1]
-        if len(msg_id) != 16:
-            raise ProtocolError("E_INVALID", "invalid message ID")
-        return msg_id
-
-    def _fin(self, params: list[bytes], body: Any) -> None:
-        msg_id = self._message_id("FIN", params, 2)
-        assert self.channel is not None
-        try:
-            self.channel.finish(self, msg_id)
-        except ChannelError as exc:
-            raise ProtocolError("E_FIN_FAILED", f"FIN {msg_id.decode('latin-1')} failed {exc}") from None
-
-    def _fin_many(self, ids: list[bytes]) -> None:
-        """FIN each of ``ids`` (valid 16-byte ids, subscribed); errors as ``_fin``'s."""
-        assert self.channel is not None
-        for msg_id, reason in self.channel.finish_many(self, ids):
-            self._send(encode_frame(FRAME_ERROR, ProtocolError(
-                "E_FIN_FAILED", f"FIN {msg_id.decode('latin-1')} failed {reason}").encode_text()))
-
-    def _req(self, params: list[bytes], body: Any) -> None:
-        msg_id = self._message_id("REQ", params, 3)
-        try:
-            timeout_ms = parse_base10(params[2])
-        except ValueError:
-            raw = params[2].decode("utf-8", "surrogateescape")
-            raise ProtocolError("E_INVALID", f"REQ could not parse timeout {raw}") from None
-        delay = min(max(ms_to_duration_ns(timeout_ms), 0), self.opts.max_req_timeout)
-        assert self.channel is not None
-        if self.broker.exiting:
-            raise ProtocolError("E_REQ_FAILED", f"REQ {msg_id.decode('latin-1')} failed exiting")
-        try:
-            self.channel.requeue(self, msg_id, delay, time.monotonic_ns())
-        except ChannelError as exc:
-            raise ProtocolError("E_REQ_FAILED", f"REQ {msg_id.decode('latin-1')} failed {exc}") from None
-
-    def _touch(self, params: list[bytes], body: Any) -> None:
-        msg_id = self._message_id("TOUCH", params, 2)
-        assert self.channel is not None
-        try:
-            self.channel.touch(self, msg_id, time.monotonic_ns(), self.opts.max_msg_timeout)
-        except ChannelError as exc:
-            raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {msg_id.decode('latin-1')} failed {exc}") from None
-
-    def _cls(self, params: list[bytes], body: Any) -> None:
-        if self.state != STATE_SUBSCRIBED:
-            raise ProtocolError("E_INVALID", "cannot CLS in current state")
-        self.rdy = 0
-        self.state = STATE_CLOSING
-        self._send(CLOSE_WAIT_FRAME)
-
-    def _nop(self, params: list[bytes], body: Any) -> None:
-        pass
-
-    def _published(self, topic: str, count: int) -> None:
-        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
-        self._send(OK_FRAME)
-
-    def _check_pub(self, cmd: str, params: list[bytes]) -> str:
-        topic = params[1].decode()
-        assert self.auth is not None
-        self.auth.check(cmd, topic, "")
-        return topic
-
-    def _pub(self, params: list[bytes], body: Any) -> None:
-        topic = self._check_pub("PUB", params)
-        try:
-            self.broker.publish(topic, [body])
-        except BrokerError as exc:
-            raise ProtocolError("E_PUB_FAILED", f"PUB failed {exc}") from None
-        self._published(topic, 1)
-
-    def _mpub(self, params: list[bytes], body: Any) -> None:
-        topic = self._check_pub("MPUB", params)
-        try:
-            self.broker.publish(topic, body)
-        except BrokerError as exc:
-            raise ProtocolError("E_MPUB_FAILED", f"MPUB failed {exc}") from None
-        self._published(topic, len(body))
-
-    def _dpub(self, params: list[bytes], body: Any) -> None:
-        topic = self._check_pub("DPUB", params)
-        try:
-            self.broker.publish_deferred(topic, body, int(params[2]))
-        except BrokerError as exc:
-            raise ProtocolError("E_DPUB_FAILED", f"DPUB failed {exc}") from None
-        self._published(topic, 1)
