@@ -20,9 +20,11 @@ from pynsqd.node.config import NsqdOptions
 from pynsqd.node.control import CHUNK, ControlChannel, Received, channel_pair
 from pynsqd.node.crossrecord import decode_batch, encode_batch
 from pynsqd.node.datapath import make_backend
+from pynsqd.node.identify import Settings
 from pynsqd.node.messages import (
     Adopt,
     Changed,
+    ConnectionState,
     CreateChannels,
     Done,
     Exit,
@@ -120,11 +122,11 @@ def test_control_channel_carries_requests_big_payloads_and_fds() -> None:
         reply = await left.call(RunHTTP("GET", "/echo", body=big))
         assert reply == HTTPResponse(200, [["n", str(len(big))]], big[::-1])
         r, w = os.pipe()
-        left.send(Adopt({"remote": "x"}, b"x"), [w])
+        left.send(Adopt(ConnectionState(remote="x"), b"x"), [w])
         os.close(w)  # the channel sent its own duplicate
         await asyncio.wait_for(second.wait(), 5)
         msg, fds = got[1]
-        assert msg == Adopt({"remote": "x"}, b"x") and len(fds) == 1
+        assert msg == Adopt(ConnectionState(remote="x"), b"x") and len(fds) == 1
         os.write(fds[0], b"through")
         os.close(fds[0])
         assert os.read(r, 16) == b"through"
@@ -169,11 +171,14 @@ def test_control_channel_closes_descriptors_a_handler_does_not_take() -> None:
 
 
 @pytest.mark.parametrize("message", [
-    Adopt({"settings": {"client_id": "c"}}, b"SUB t c\n"), ServeHTTP(True),
+    Adopt(ConnectionState(True, "1.2.3.4:5", Settings("c", "h", heartbeat_interval=5)), b"SUB t c\n"),
+    ServeHTTP(True),
     RunHTTP("POST", "/topic/create", "topic=t", "https", b"body"), CreateChannels("t", ["a", "b"]),
     Quiesce(2.5), Exit(), Ready(42), Changed("created", "t", None), Changed("deleted", "t", "c"),
     Snapshot([TopicRecord("t", True, [ChannelRecord("c", False)])], final=True),
-    HandOff(1, {"magic": True}, b"PUB t\n"), Proxy(2, "GET", "/topic/pause", "topic=t"),
+    HandOff(1, ConnectionState(True, "h:1", None, {"t": 2}, {"version": "TLSv1.3"}, "snappy", {"secret": "s"}),
+            b"PUB t\n"),
+    Proxy(2, "GET", "/topic/pause", "topic=t"),
     StatsRequest("t", "c", False, True, True), HealthRequest(), SetConfig("log_level", b"debug"),
     StatsDocument(b'{"topics":[]}'), Health("NOK - disk"), HTTPResponse(404, [["a", "b"]], b"x"),
     Failed("down"), Done(),
@@ -216,8 +221,8 @@ def test_greeting_answers_identify_and_routes_on_sub() -> None:
     assert steps[0][0] == "reply" and steps[-1] == ("route", "orders")
     assert g.buf == b"SUB orders ch\nRDY 5\n"
     state = g.state()
-    assert state["magic"] and state["remote"] == "10.0.0.1:5555"
-    assert state["settings"]["client_id"] == "c" and state["settings"]["heartbeat_interval"] == 5000 * 10**6
+    assert state.magic and state.remote == "10.0.0.1:5555" and state.settings is not None
+    assert state.settings.client_id == "c" and state.settings.heartbeat_interval == 5000 * 10**6
 
 
 @pytest.mark.parametrize(("data", "decision"), [

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, TypeVar
 
+from pynsqd.node.identify import Settings
 from pynsqd.node.metadata import TopicRecord
 
 M = TypeVar("M", bound="Message")
@@ -74,6 +75,25 @@ def decode_message(header: dict[str, Any], payload: bytes) -> Message:
         raise ValueError(f"malformed control message {cls.op!r} - {exc}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class ConnectionState:
+    """What a TCP connection brings to the shard it is handed to: what the supervisor's
+    greeting read (``supervisor/handoff.py``), or what the relaying shard knew of it."""
+
+    magic: bool = False  # the client's magic was read already
+    remote: str = ""  # host:port of the client
+    settings: Settings | None = None  # what its IDENTIFY negotiated
+    pub_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # a relayed connection's
+    tls: dict[str, Any] | None = None  # TLS facts of a relayed connection (its TLS stays behind)
+    compression: str = ""  # likewise, the compression it negotiated
+    auth: dict[str, Any] | None = None  # its AUTH session (``AuthSession.export``)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> ConnectionState:
+        settings = value.get("settings")
+        return cls(**{**value, "settings": Settings(**settings) if settings else None})
+
+
 # --- supervisor → shard ------------------------------------------------------------------------
 @message
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +101,12 @@ class Adopt(Message):
     """Serve this TCP connection (the descriptor), from where ``HandOff``/``greet`` left it."""
 
     op: ClassVar[str] = "adopt"
-    state: dict[str, Any]
+    state: ConnectionState
     unread: bytes = b""
+
+    @classmethod
+    def from_wire(cls: type[M], fields: dict[str, Any], payload: bytes) -> M:
+        return cls(state=ConnectionState.from_json(fields["state"]), unread=payload)  # type: ignore[call-arg]
 
 
 @message
@@ -179,8 +203,13 @@ class HandOff(Message):
 
     op: ClassVar[str] = "handoff"
     shard: int
-    state: dict[str, Any]
+    state: ConnectionState
     unread: bytes = b""
+
+    @classmethod
+    def from_wire(cls: type[M], fields: dict[str, Any], payload: bytes) -> M:
+        return cls(shard=fields["shard"], state=ConnectionState.from_json(fields["state"]),  # type: ignore[call-arg]
+                   unread=payload)
 
 
 @message

@@ -42,6 +42,7 @@ from typing import Any, cast
 
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.identify import Settings
+from pynsqd.node.messages import ConnectionState
 from pynsqd.options import MS
 from pynsqd.shard.auth import AuthSession, NeedQuery
 from pynsqd.shard.broker import Backpressure, Broker
@@ -74,7 +75,7 @@ class ClientV2(V2Commands, asyncio.Protocol):
     _next_id = 0
 
     def __init__(self, broker: Broker, opts: NsqdOptions, tls_ctx: ssl.SSLContext | None = None,
-                 handoff: tuple[dict[str, Any], bytes] | None = None) -> None:
+                 handoff: tuple[ConnectionState, bytes] | None = None) -> None:
         super().__init__(broker, opts)
         self._handoff = handoff  # (state, unread bytes) of a connection adopted from elsewhere
         self._unreplayed = b""  # handed-over bytes not yet fed to the parser
@@ -131,37 +132,36 @@ class ClientV2(V2Commands, asyncio.Protocol):
         if self._unreplayed:
             self.data_received(b"")
 
-    def _adopt(self, state: dict[str, Any], unread: bytes) -> None:
+    def _adopt(self, state: ConnectionState, unread: bytes) -> None:
         """Take over what the supervisor (or another shard) already did on this connection."""
-        if state.get("remote"):
-            self.remote_address = state["remote"]
-        if state.get("settings"):
-            self.settings = Settings(**state["settings"])
-        if state.get("magic"):
+        if state.remote:
+            self.remote_address = state.remote
+        if state.settings is not None:
+            self.settings = state.settings
+        if state.magic:
             self._magic = MAGIC_V2
-        for topic, count in (state.get("pub_counts") or {}).items():
-            self.pub_counts[topic] = count
+        self.pub_counts.update(state.pub_counts)
         # A relayed connection: TLS and compression stay on the relaying shard's side of the
         # pump (it decodes and encodes); they show in this shard's stats and satisfy
         # --tls-required here, and the AUTH session carries over.
-        if state.get("tls"):
+        if state.tls:
             self.tls = True
-            self.tls_info = dict(state["tls"])
-        self.compression = state.get("compression") or ""
-        if state.get("auth") and self.auth is not None:
-            self.auth.restore(state["auth"])
+            self.tls_info = dict(state.tls)
+        self.compression = state.compression
+        if state.auth and self.auth is not None:
+            self.auth.restore(state.auth)
 
     @property
     def decoder(self) -> Codec | None:
         """The inbound decompressor once snappy or deflate is on (a relay keeps using it)."""
         return self._decoder
 
-    def relay_state(self) -> dict[str, Any]:
+    def relay_state(self) -> ConnectionState:
         """What ``_adopt`` takes over on the shard this connection is relayed to."""
         auth = self.auth.export() if self.auth is not None else None
-        return {"magic": True, "remote": self.remote_address, "settings": dataclasses.asdict(self.settings),
-                "pub_counts": dict(self.pub_counts), "tls": self.tls_info if self.tls else None,
-                "compression": self.compression, "auth": auth}
+        return ConnectionState(magic=True, remote=self.remote_address, settings=dataclasses.replace(self.settings),
+                               pub_counts=dict(self.pub_counts), tls=self.tls_info if self.tls else None,
+                               compression=self.compression, auth=auth)
 
     def data_received(self, data: bytes) -> None:
         if self._closing:

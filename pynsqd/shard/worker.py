@@ -242,7 +242,7 @@ class ShardWorker:
         self.handoffs += 1
         loop = asyncio.get_running_loop()
         task = loop.create_task(loop.connect_accepted_socket(
-            lambda: ClientV2(self.broker, self.opts, self.tls_ctx, (msg.state or {}, msg.unread)), sock))
+            lambda: ClientV2(self.broker, self.opts, self.tls_ctx, (msg.state, msg.unread)), sock))
         task.add_done_callback(_log_failure)
 
     def _serve_http(self, msg: ServeHTTP, received: Received) -> None:

@@ -62,6 +62,7 @@ from pynsqd.node.heartbeat import STALL_AFTER
 from pynsqd.node.messages import (
     Adopt,
     Changed,
+    ConnectionState,
     CreateChannels,
     Exit,
     Failed,
@@ -381,7 +382,8 @@ class Supervisor:
             return None
         return slot
 
-    async def _handoff(self, index: int | None, sock: socket.socket, state: dict[str, Any], unread: bytes) -> None:
+    async def _handoff(self, index: int | None, sock: socket.socket, state: ConnectionState,
+                       unread: bytes) -> None:
         try:
             slot = await self._ready_slot(index)
             if slot is None or self._stopping or slot.channel is None or slot.channel.closed:

@@ -23,7 +23,6 @@ written (``sock_sendall``) before the socket moves on, so the order on the wire 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -33,6 +32,7 @@ import orjson
 
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.identify import Settings, negotiate
+from pynsqd.node.messages import ConnectionState
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import DEFAULT_MAX_LINE
 from pynsqd.wire.errors import ProtocolError
@@ -46,7 +46,7 @@ _UPGRADES = ("tls_v1", "snappy", "deflate")
 _SIZE = struct.Struct(">i")
 
 # handoff(shard or None for "any", socket, state, unread bytes)
-HandOff = Callable[[int | None, socket.socket, dict[str, Any], bytes], Awaitable[None]]
+HandOff = Callable[[int | None, socket.socket, ConnectionState, bytes], Awaitable[None]]
 
 
 def wants_upgrade(body: bytes, opts: NsqdOptions) -> bool:
@@ -68,9 +68,8 @@ class Greeting:
         self.magic = False
         self.buf = b""
 
-    def state(self) -> dict[str, Any]:
-        return {"magic": self.magic, "remote": self.remote,
-                "settings": dataclasses.asdict(self.settings) if self.settings else None}
+    def state(self) -> ConnectionState:
+        return ConnectionState(magic=self.magic, remote=self.remote, settings=self.settings)
 
     def step(self) -> tuple[str, Any]:
         """One decision on the buffered bytes: ``("need", None)`` more bytes;
