@@ -1,8 +1,11 @@
-"""Accept loops that outlive descriptor exhaustion: a real node under ``prlimit --nofile``
-runs out of descriptors, logs it once, and serves again once they are free."""
+"""The supervisor's accept loops on real nodes: under ``prlimit --nofile`` a node runs out of
+descriptors, logs it once, and serves again once they are free; a burst of connections
+accepted at once reaches the shard whole."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import urllib.request
 from collections.abc import Iterator
@@ -71,3 +74,39 @@ def test_tcp_accept_recovers_once_descriptors_free_up(limited_node: Daemon) -> N
     recoveries = [ln for ln in lines if f"{listener}: accepting again" in ln]
     assert len(failures) == len(recoveries), failures  # once per spell, not once per attempt
     assert node.running
+
+
+@pytest.fixture
+def one_shard(tmp_path: Path) -> Iterator[Daemon]:
+    daemon = Daemon("pynsqd.supervisor", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                                          f"--data-path={tmp_path}", "--shards=1"])
+    daemon.start()
+    yield daemon
+    daemon.stop()
+    remove_segments([daemon])
+
+
+def test_a_burst_of_http_connections_reaches_the_shard_whole(one_shard: Daemon) -> None:
+    """60 connections queued while the supervisor is stopped are accepted in one wake-up and
+    handed to the one shard in one control message: every one of them is served."""
+    node = one_shard
+    os.kill(node.pid, signal.SIGSTOP)
+    try:
+        conns = [connect(node.http) for _ in range(60)]
+    finally:
+        os.kill(node.pid, signal.SIGCONT)
+    try:
+        for conn in conns:
+            conn.sendall(b"GET /ping HTTP/1.1\r\nHost: nsqd\r\n\r\n")
+        answers = []
+        for conn in conns:
+            conn.settimeout(scaled(10))
+            try:
+                answers.append(conn.recv(1000).split(b"\r\n", 1)[0])
+            except OSError as exc:
+                answers.append(repr(exc).encode())
+    finally:
+        for conn in conns:
+            conn.close()
+    assert answers == [b"HTTP/1.1 200 OK"] * 60
+    assert "descriptors sent with a message were lost" not in node.output

@@ -10,7 +10,9 @@ optional file descriptors (``SCM_RIGHTS``). On the wire
 one message is one or more datagrams ``[1B more-flag][chunk]``: SEQPACKET keeps datagram
 boundaries, so there is no length framing to parse, and a large message (a stats document of
 a busy node) is split into ``CHUNK``-sized datagrams that the receiver joins. Descriptors
-travel with the first datagram.
+travel with the first datagram, up to ``MAX_FDS`` of them, and the receiver has room for that
+many (a receiver with less loses the rest: the kernel closes them). A datagram the kernel
+takes at once carries the sender's own descriptors; one that must wait holds duplicates.
 
 Sending never blocks the event loop: the socket is non-blocking, and what the kernel does not
 take (EAGAIN) waits in a queue drained when the socket is writable again. ``call`` sends a
@@ -38,6 +40,7 @@ from pynsqd.node.messages import Message, decode_message
 log = logging.getLogger("pynsqd.control")
 
 CHUNK = 60 * 1024
+MAX_FDS = 253  # descriptors one message may carry (Linux's SCM_MAX_FD); a receiver takes them all
 PROXY_WAIT = 5.0  # seconds the supervisor gives a proxied admin call at its owner shard
 SOCKET_BUFFER = 4 * 1024 * 1024
 _HEAD = struct.Struct(">I")
@@ -126,9 +129,24 @@ class ControlChannel:
     def _send(self, header: dict[str, Any], payload: bytes, fds: list[int] | None = None) -> None:
         if self.closed:
             raise ConnectionError(f"control channel {self.name} closed")
+        if fds and len(fds) > MAX_FDS:
+            raise ValueError(f"{len(fds)} descriptors in one control message (at most {MAX_FDS})")
         chunks = encode(header, payload)
-        for i, chunk in enumerate(chunks):
-            self._out.append((chunk, [os.dup(fd) for fd in fds or []] if i == 0 else []))
+        first = 0
+        if fds and not self._out:
+            # The common case: the kernel takes the first datagram now, with the caller's own
+            # descriptors, so none is duplicated (a process out of descriptors can still hand
+            # connections over). Only a datagram that must wait holds duplicates.
+            try:
+                socket.send_fds(self.sock, [chunks[0]], fds)
+                first = 1
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                self._lost(exc)
+                return
+        for i in range(first, len(chunks)):
+            self._out.append((chunks[i], [os.dup(fd) for fd in fds or []] if i == 0 else []))
         self._flush()
 
     def _flush(self) -> None:
@@ -181,12 +199,15 @@ class ControlChannel:
     def _readable(self) -> None:
         for _ in range(64):
             try:
-                data, fds, _flags, _ = socket.recv_fds(self.sock, CHUNK + 1, 32)
+                data, fds, flags, _ = socket.recv_fds(self.sock, CHUNK + 1, MAX_FDS)
             except BlockingIOError:
                 return
             except OSError as exc:
                 self._lost(exc)
                 return
+            if flags & socket.MSG_CTRUNC:
+                log.error("control(%s): descriptors sent with a message were lost (out of descriptors?)",
+                          self.name)
             if not data:
                 _close_all(fds)
                 self._lost(None)

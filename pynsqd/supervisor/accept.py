@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 log = logging.getLogger("pynsqd.supervisor")
 
-ACCEPT_BATCH = 64  # connections accepted per wake-up at most
+ACCEPT_BATCH = 64  # connections accepted per wake-up at most (within one control message: MAX_FDS)
 STALL_POLL = 0.2  # seconds between looks while the hand-off cannot take connections
 RETRY_MIN = 0.005  # seconds before the first retry after a failed accept
 RETRY_MAX = 1.0  # the longest pause between retries
