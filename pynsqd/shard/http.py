@@ -20,7 +20,6 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
-from urllib.parse import unquote_plus
 
 import orjson
 from starlette.applications import Starlette
@@ -30,7 +29,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pynsqd import NSQ_VERSION, logs
-from pynsqd.lookupd.http import go_json
+from pynsqd.httpconn import Step
+from pynsqd.httpkit import (
+    JSON_TYPE,
+    NSQ_HEADER,
+    TEXT_TYPE,
+    HTTPError,
+    api_response,
+    error_response,
+    parse_query,
+)
 from pynsqd.options import config_value
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.config import LOG_LEVELS, NsqdOptions
@@ -43,57 +51,11 @@ from pynsqd.wire.names import is_valid_name
 
 log = logging.getLogger("pynsqd.shard")
 
-NSQ_HEADER = (b"x-nsq-content-type", b"nsq; version=1.0")
-JSON_TYPE = "application/json; charset=utf-8"
-TEXT_TYPE = "text/plain; charset=utf-8"
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
 BACKPRESSURE_RETRY = 0.001
 QUERY_CACHE = 1024  # publish query strings remembered (parsed and checked)
-_BAD_ESCAPE = re.compile(rb"%(?![0-9a-fA-F]{2})")
-
-Step = tuple[Callable[..., None], tuple[Any, ...]]  # a broker call that may raise Backpressure
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
                    Awaitable[None]]
-
-
-class HTTPError(Exception):
-    """An nsqd API error: ``status`` and the ``message`` code."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def parse_query(raw: bytes) -> dict[str, list[str]]:
-    """Go's ``url.ParseQuery``: a bad escape or a ``;`` is ``400 INVALID_REQUEST``."""
-    if _BAD_ESCAPE.search(raw) or b";" in raw:
-        raise HTTPError(400, "INVALID_REQUEST")
-    out: dict[str, list[str]] = {}
-    for part in raw.split(b"&"):
-        if not part:
-            continue
-        key, _, value = part.partition(b"=")
-        try:
-            name = unquote_plus(key.decode(), errors="strict")
-            out.setdefault(name, []).append(unquote_plus(value.decode(), errors="strict"))
-        except UnicodeDecodeError:
-            raise HTTPError(400, "INVALID_REQUEST") from None
-    return out
-
-
-def api_response(data: Any = None, status: int = 200) -> Response:
-    """nsqd's V1 response: bytes/str as they are, ``None`` as an empty body, else JSON."""
-    headers = {"X-NSQ-Content-Type": "nsq; version=1.0"}
-    if data is None:
-        return Response(b"", status_code=status, headers=headers)
-    if isinstance(data, (str, bytes)):
-        return Response(data, status_code=status, headers=headers, media_type=TEXT_TYPE)
-    return Response(go_json(data), status_code=status, headers=headers, media_type=JSON_TYPE)
-
-
-def error_response(status: int, message: str) -> Response:
-    return api_response({"message": message}, status)
 
 
 class NsqdHTTP:
@@ -109,6 +71,7 @@ class NsqdHTTP:
         self.persist = persist
         self.set_lookupd_addresses = set_lookupd_addresses
         self.tls_required_port = 0  # with --tls-required=true: plain HTTP gets 403 naming this port
+        self.busy: tuple[type[Exception], ...] = (Backpressure,)  # a publish step to retry later
         self._queries: dict[bytes, tuple[dict[str, list[str]], str]] = {}
         routes = [
             Route("/ping", self.ping, methods=["GET"]),
