@@ -5,8 +5,9 @@ JSON, responses, routing and the limits on a request's head.
 - ``parse_query``: Go's ``url.ParseQuery`` (a bad ``%`` escape or a ``;`` is 400
   ``INVALID_REQUEST``; bytes that are not UTF-8 decode as U+FFFD, never an error, as Go
   accepts any bytes).
-- ``go_json``: JSON as Go's ``encoding/json`` writes it; ``api_response`` / ``error_response``:
-  NSQ's ``internal/http_api`` V1 answers (``X-NSQ-Content-Type: nsq; version=1.0``).
+- ``go_json``: JSON as Go's ``encoding/json`` writes it; ``json_response``,
+  ``api_response`` (strings as text, as nsqd writes them) and ``error_response``: NSQ's
+  ``internal/http_api`` V1 answers (``X-NSQ-Content-Type: nsq; version=1.0``).
 - ``Router``: httprouter's matching as NSQ configures it, for a table of
   ``(method, "/path/:param", handler)``; see its docstring.
 - Head limits (``HEAD_LIMIT``, ``MAX_HEADER_FIELDS``) and Go's raw answers for a head that
@@ -101,17 +102,22 @@ def _unescape(raw: bytes) -> str:
 
 
 def api_response(data: Any = None, status: int = 200) -> Response:
-    """NSQ's V1 answer: ``None`` as an empty body, bytes/str as text, anything else as JSON."""
+    """nsqd's V1 answer: ``None`` as an empty body, bytes/str as text, anything else as JSON."""
+    if isinstance(data, (str, bytes)):
+        return Response(data, status, dict([NSQ_CONTENT_TYPE]), TEXT_TYPE)
+    return json_response(data, status)
+
+
+def json_response(data: Any = None, status: int = 200) -> Response:
+    """NSQ's V1 answer: ``None`` as an empty body, anything else (a string too) as JSON."""
     headers = dict([NSQ_CONTENT_TYPE])
     if data is None:
         return Response(b"", status, headers)
-    if isinstance(data, (str, bytes)):
-        return Response(data, status, headers, TEXT_TYPE)
     return Response(go_json(data), status, headers, JSON_TYPE)
 
 
 def error_response(status: int, message: str) -> Response:
-    return api_response({"message": message}, status)
+    return json_response({"message": message}, status)
 
 
 H = TypeVar("H")

@@ -40,7 +40,7 @@ from pynsqd.admin import actions
 from pynsqd.admin.aggregate import node_topic, total_channel, total_topic
 from pynsqd.admin.cluster import AllFailed, Cluster
 from pynsqd.admin.pages import PAGES, render_index
-from pynsqd.httpkit import HTTPError, Router, api_response, error_response
+from pynsqd.httpkit import HTTPError, Router, error_response, json_response
 from pynsqd.options import SECOND, config_value
 from pynsqd.wire.names import is_valid_name
 
@@ -128,7 +128,7 @@ class AdminHTTP:
         except Exception:
             self.log.exception("ERROR: panic in HTTP handler")
             return error_response(500, "INTERNAL_ERROR")
-        return data if isinstance(data, Response) else api_response(data)
+        return data if isinstance(data, Response) else json_response(data)
 
     def is_admin(self, request: Request) -> bool:
         users = self.options.admin_users

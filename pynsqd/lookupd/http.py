@@ -31,7 +31,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from pynsqd import NSQ_VERSION
-from pynsqd.httpkit import HTTPError, Params, Router, Sorted, api_response, error_response, parse_query
+from pynsqd.httpkit import HTTPError, Params, Router, Sorted, error_response, json_response, parse_query
 from pynsqd.lookupd.registry import (
     RegistrationDB,
     channel_key,
@@ -119,7 +119,7 @@ class LookupHTTP:
     def _respond(status: int, data: Any, plain: bool) -> Response:
         if plain:
             return Response(str(data), status, media_type=_PLAIN)
-        return api_response(data) if status == 200 else error_response(status, data)
+        return json_response(data) if status == 200 else error_response(status, data)
 
     def _no_route(self, method: str, allowed: tuple[str, ...], redirect: str | None, query: bytes) -> Response:
         if method == "OPTIONS" and allowed:
