@@ -159,6 +159,10 @@ class Router(Generic[H]):
                 allowed.append(row_method)
         return Match(allowed=tuple(allowed), redirect=self._fixed_path(method, path) if not allowed else None)
 
+    def routes(self, path: str) -> list[str]:
+        """The methods of the routes that match ``path``."""
+        return [method for method, _, pattern, _ in self.rows if pattern.match(path)]
+
     def _fixed_path(self, method: str, path: str) -> str | None:
         if method == "CONNECT" or path == "/":
             return None
