@@ -194,36 +194,53 @@ class HTTPConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.refused:
             return
-        view = memoryview(data)
-        while view:
-            if self.in_head:
-                room = HEAD_LIMIT - self.head_size
-                if room <= 0:
-                    self._refuse(HEAD_TOO_LARGE)
-                    return
-                piece, view = view[:min(room, FEED_STEP)], view[min(room, FEED_STEP):]
-                self.head_size += len(piece)
-            else:
-                piece, view = view, view[len(view):]
-            try:
-                self.parser.feed_data(piece)
-            except httptools.HttpParserUpgrade:
-                break  # served as a plain request, as uvicorn does without a websocket library
-            except httptools.HttpParserError as exc:
-                if self.refused:
-                    return  # a callback refused the request
-                if "HTTP version" in str(exc):
-                    self._refuse(VERSION_NOT_SUPPORTED)
-                    return
-                self.queue.clear()
-                self._write(400, _TEXT, _BAD_REQUEST, close=True)
-                return
-            if self.refused:
-                return
+        if not self.in_head:
+            fed = self._feed(data)
+        elif len(data) <= FEED_STEP and self.head_size + len(data) < HEAD_LIMIT:
+            self.head_size += len(data)  # the common case: a whole small request or more
+            fed = self._feed(data)
+        else:
+            fed = self._feed_in_steps(memoryview(data))
+        if not fed:
+            return
         if self.in_head and self.head_size >= HEAD_LIMIT:
             self._refuse(HEAD_TOO_LARGE)
             return
         self._serve()
+
+    def _feed_in_steps(self, view: memoryview) -> bool:
+        """Feed ``view`` at most ``FEED_STEP`` bytes at a time while a head is incomplete,
+        counting them; False if the connection stopped parsing."""
+        while view:
+            if self.in_head:
+                room = min(HEAD_LIMIT - self.head_size, FEED_STEP)
+                if room <= 0:
+                    self._refuse(HEAD_TOO_LARGE)
+                    return False
+                piece, view = view[:room], view[room:]
+                self.head_size += len(piece)
+            else:
+                piece, view = view, view[len(view):]
+            if not self._feed(piece):
+                return False
+        return True
+
+    def _feed(self, data: bytes | memoryview) -> bool:
+        """Parse ``data``; False if the connection stopped parsing (answered and closing)."""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # served as a plain request, as uvicorn does without a websocket library
+        except httptools.HttpParserError as exc:
+            if self.refused:
+                return False  # a callback refused the request
+            if "HTTP version" in str(exc):
+                self._refuse(VERSION_NOT_SUPPORTED)
+                return False
+            self.queue.clear()
+            self._write(400, _TEXT, _BAD_REQUEST, close=True)
+            return False
+        return not self.refused
 
     def _refuse(self, answer: bytes) -> None:
         """Go's answer to a head it will not read (431, 505): answer what came before it in
