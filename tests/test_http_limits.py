@@ -1,20 +1,22 @@
 """The head of every HTTP request is bounded on every listener (nsqd's shards, nsqlookupd,
-nsqadmin), with Go's answers: 431 past 1 MiB (+ Go's 4 KiB of slack) of request line and
+nsqadmin), with Go's answers (HTTPS too): 431 past 1 MiB (+ Go's 4 KiB of slack) of request line and
 headers or past ``MAX_HEADER_FIELDS`` header fields, 505 for an HTTP version other than
 1.x; and reading an oversize head does not hold it in memory. Raw sockets, real daemons."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from pynsqd.httpkit import HEAD_LIMIT, HEAD_TOO_LARGE, MAX_HEADER_FIELDS, VERSION_NOT_SUPPORTED
-from tests.harness import Daemon, remove_segments, scaled
+from tests.certs import Certs
+from tests.harness import Daemon, remove_segments, scaled, wait_for
 from tests.lookupd_helpers import BASE_ARGS
 
 DAEMONS = ("nsqd", "nsqlookupd", "nsqadmin")
@@ -143,3 +145,17 @@ def test_an_endless_header_is_not_held_in_memory(daemons: dict[str, Daemon], nam
     after = _peaks(daemon)
     grown = {pid: after[pid] - before[pid] for pid in before if pid in after}
     assert max(grown.values()) < 8 << 20, grown
+
+
+def test_https_heads_are_bounded_too(nsqd_factory: Callable[..., Daemon], certs: Certs) -> None:
+    nsqd = nsqd_factory(*certs.server_args())
+    address = wait_for(lambda: nsqd.addresses.get("HTTPS"), what="the HTTPS listener")
+    with socket.create_connection(address, timeout=scaled(20)) as raw, \
+            certs.client_context().wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        with contextlib.suppress(OSError):
+            tls.sendall(ping(2 << 20))
+        out = b""
+        with contextlib.suppress(OSError):
+            while data := tls.recv(65536):
+                out += data
+    assert out == HEAD_TOO_LARGE
