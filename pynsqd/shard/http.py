@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from pynsqd import NSQ_VERSION, logs
-from pynsqd.httpconn import Step
+from pynsqd.httpconn import BUSY_RETRY, Step
 from pynsqd.httpkit import (
     JSON_TYPE,
     NSQ_HEADER,
@@ -49,7 +49,6 @@ from pynsqd.wire.names import is_valid_name
 
 log = logging.getLogger("pynsqd.shard")
 
-BACKPRESSURE_RETRY = 0.001
 QUERY_CACHE = 1024  # publish query strings remembered (parsed and checked)
 Handler = Callable[[Request], Awaitable[Response]]
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
@@ -370,7 +369,7 @@ async def _until_room(action: Callable[..., None], *args: Any) -> None:
             action(*args)
             return
         except Backpressure:
-            await asyncio.sleep(BACKPRESSURE_RETRY)
+            await asyncio.sleep(BUSY_RETRY)
 
 
 def _content_length(scope: dict[str, Any]) -> int:
