@@ -20,7 +20,7 @@ stderr, which stops the supervisor's respawn loop.
 Serving: TCP connections arrive as ``Adopt`` messages (fd + state + unread bytes) and become
 ``ClientV2`` protocols via ``connect_accepted_socket``. HTTP and HTTPS connections arrive as
 ``ServeHTTP`` messages (fd), handed out in turn (``supervisor/httpaccept.py``), and are
-served by the embedded uvicorn (``EmbeddedServer.adopt``). Every ``BEAT_EVERY`` the loop
+served by the embedded HTTP server (``EmbeddedServer.adopt``). Every ``BEAT_EVERY`` the loop
 writes a timestamp into the heartbeat page (``node/heartbeat.py``). A loop silent for 1.5 s gets no new HTTP
 connections; one that stops beating for ``PYNSQD_SHARD_TIMEOUT`` is killed by the supervisor.
 
@@ -79,7 +79,6 @@ from pynsqd.node.tls import build_server_context
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.crossshard import Inbound, Outbound
 from pynsqd.shard.http import NsqdHTTP
-from pynsqd.shard.httpconn import http_protocol
 from pynsqd.shard.node import node_info, queue_factory
 from pynsqd.shard.nodehttp import NodeHTTP, run_local
 from pynsqd.shard.protocol import ClientV2
@@ -295,10 +294,10 @@ class ShardWorker:
         self.inbound.start(loop)
         # no listening sockets: the supervisor hands each connection over (``serve_http``)
         if self.boot.http:
-            self._http_server = embedded_server(self.node_http, http=http_protocol(self.app))
+            self._http_server = embedded_server(self.node_http, publisher=self.app)
             self._http_task = loop.create_task(self._http_server.serve(sockets=[]))
         if self.boot.https:
-            self._https_server = embedded_server(self.node_http, self.tls_ctx, http_protocol(self.app))
+            self._https_server = embedded_server(self.node_http, self.tls_ctx, self.app)
             self._https_task = loop.create_task(self._https_server.serve(sockets=[]))
         self._send_snapshot()
         self.control.send(Ready(os.getpid()))
