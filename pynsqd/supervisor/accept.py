@@ -12,7 +12,8 @@ stalled) pauses the listener for ``STALL_POLL``; connections wait in the kernel'
 An accept that fails for lack of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) —
 or for any other reason but a connection that died in the backlog — never ends the loop:
 the listener is paused for ``RETRY_MIN`` seconds, doubling up to ``RETRY_MAX`` while the
-failures go on (as Go's ``net/http`` server does), and tried again; the connections wait in
+failures go on (as Go's ``net/http`` server does; with jitter, ``pynsqd.backoff``), and tried
+again; the connections wait in
 the backlog meanwhile. A spell of failures is logged once when it begins and once when
 accepting works again, so a node out of descriptors neither spins nor floods its log, and
 serves as soon as descriptors are free.
@@ -25,6 +26,8 @@ import errno
 import logging
 import socket
 from collections.abc import Callable
+
+from pynsqd.backoff import Backoff
 
 log = logging.getLogger("pynsqd.supervisor")
 
@@ -52,7 +55,7 @@ class Acceptor:
         self.listener = listener
         self.hand_off = hand_off
         self.ready = ready
-        self.failures = 0  # failed accepts in the current spell
+        self.retry = Backoff(RETRY_MIN, RETRY_MAX)  # its failures: the accepts failed in this spell
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd = listener.fileno()
         self._paused: asyncio.TimerHandle | None = None
@@ -85,10 +88,9 @@ class Acceptor:
             self._readable()
 
     def _failed(self, exc: OSError) -> None:
-        if not self.failures:
+        if not self.retry.failures:
             log.error("%s: accept failed - %s; retrying with back-off until it works", self.name, exc)
-        self.failures += 1
-        self._pause(min(RETRY_MIN * 2 ** (self.failures - 1), RETRY_MAX))
+        self._pause(self.retry.failed())
 
     def _readable(self) -> None:
         if not self.ready():
@@ -105,9 +107,9 @@ class Acceptor:
                     continue
                 self._failed(exc)
                 break
-            if self.failures:
-                log.info("%s: accepting again after %d failed attempt(s)", self.name, self.failures)
-                self.failures = 0
+            if self.retry.failures:
+                log.info("%s: accepting again after %d failed attempt(s)", self.name, self.retry.failures)
+                self.retry.reset()
             batch.append((conn, addr))
         if batch:
             self.hand_off(batch)
