@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pynsqd.shard.queue import segment_queue
+from pynsqd.shard.queue import MessageQueue, segment_queue
 from pynsqd.shm import sidecar
 from pynsqd.shm.diskqueue import DiskQueue
-from pynsqd.shm.log import DEFERRED
+from pynsqd.shm.log import DEFERRED, MessageLog
 from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.commands import encode_dpub, encode_fin
 from pynsqd.wire.message import HEADER
@@ -153,6 +153,40 @@ def test_refill_commits_only_after_the_copy_into_the_log(data_path: str) -> None
     while len(again):
         got += [r[26:] for r in again.take(50)[1]]
     assert set(got) == {b"m%d" % i for i in range(30)}
+    again.close(delete=True)
+
+
+class _Killed(BaseException):
+    """kill -9 at a chosen instruction: nothing after it runs."""
+
+
+@pytest.mark.parametrize("killed_in", [None, (MessageQueue, "_commit"), (MessageLog, "append_ready")],
+                         ids=["after", "before-commit", "before-append"])
+def test_a_refill_is_read_exactly_once_after_a_crash_at_any_point(
+        data_path: str, killed_in: tuple[type, str] | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk queue's metadata is stale (no sync since the messages were spilled); a kill -9
+    after a refill, between its append to the log and its commit, or before the append: the
+    restarted queue holds every message exactly once, in the log or on disk."""
+    dq = disk_queue(data_path, "t:c")
+    q = segment_queue(data_path, 0, 1 << 16, "channel", "t:c", dq)  # mem-queue-size 0: all to disk
+    q.put_many([message(b"m%d" % i) for i in range(30)])
+    dq.sync()
+    q.limit = 1000
+    assert len(q.take(5)[1]) == 5  # a refill, committed: only in shared memory, not in the metadata
+    if killed_in is not None:
+        def killed(*args: object) -> None:
+            raise _Killed
+        monkeypatch.setattr(*killed_in, killed)
+        with pytest.raises(_Killed):
+            q.take(10)
+        monkeypatch.undo()
+    _crash(q)
+    again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
+    again.recover()
+    got = []
+    while len(again):
+        got += [r[26:] for r in again.take(50)[1]]
+    assert sorted(got) == sorted(b"m%d" % i for i in range(30))
     again.close(delete=True)
 
 

@@ -27,6 +27,11 @@ and the journal back as deferred records (after the segment's own, if one was le
 Spilled messages are read back with the backend's peek, stored in the log, then committed;
 when fewer fit than were read, only those are committed and the rest stay on disk, at the
 front, to be read again (nothing is written back, so a failing disk cannot lose them).
+The disk queue persists its read position only when it syncs, so the queue keeps it in its
+segment too (``pynsqd.shm.store.BackendMark``): before each append of a refill, the position
+past it with the log's write index; after the commit, the committed position. ``recover``
+hands the backend the position that matches the log (``DiskQueue.skip_to``), so a kill -9
+at any point reads no refilled message a second time.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from pynsqd.shm import sidecar as sidecar_file
 from pynsqd.shm.frames import Frames
 from pynsqd.shm.log import DEFERRED, DONE, READY, READY_HEADER, MessageLog
 from pynsqd.shm.segment import Segment
-from pynsqd.shm.store import open_log
+from pynsqd.shm.store import BackendMark, Position, open_log
 
 logger = logging.getLogger("pynsqd.shard")
 
@@ -53,6 +58,11 @@ class Backend(Protocol):
     def put_many(self, records: Sequence[bytes]) -> None: ...
     def peek_many(self, max_count: int) -> list[bytes]: ...
     def commit(self, count: int | None = None) -> None: ...
+    @property
+    def read_position(self) -> Position | None: ...
+    @property
+    def committed_position(self) -> Position | None: ...
+    def skip_to(self, position: Position) -> int: ...
     def empty(self) -> None: ...
     def delete(self) -> None: ...
     def close(self) -> None: ...
@@ -75,6 +85,11 @@ class DropBackend:
     def commit(self, count: int | None = None) -> None:
         pass
 
+    read_position = committed_position = None
+
+    def skip_to(self, position: Position) -> int:
+        return 0
+
     def empty(self) -> None:
         pass
 
@@ -95,7 +110,7 @@ class MessageQueue:
     """Ready messages in a shared-memory log, then the backend. ``put_many`` may raise the
     backend's error (then nothing was stored)."""
 
-    __slots__ = ("_done", "again", "backend", "cursor", "grow", "journal", "journaled", "largest", "limit",
+    __slots__ = ("_done", "_mark", "again", "backend", "cursor", "grow", "journal", "journaled", "largest", "limit",
                  "live", "log", "on_move", "ready", "recovering", "segment", "sidecar")
 
     def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
@@ -117,6 +132,8 @@ class MessageQueue:
         self.on_move: MoveHook | None = None
         self.largest = 4096  # the largest message seen coming back from the backend
         self.grow: Grow | None = None  # makes the log larger (``shm/sizing.Grower``), if it may
+        # where the backend has been read up to, kept in shared memory (durable queues only)
+        self._mark = None if segment is None or isinstance(backend, DropBackend) else BackendMark(segment)
 
     def __len__(self) -> int:
         return self.ready + self.backend.depth
@@ -129,6 +146,9 @@ class MessageQueue:
         """Adopt what a previous process left: returns [(pos, due wall ns, message)] deferred,
         pos -1 for a message of the sidecar that found no room in the log."""
         self.recovering = False
+        position = None if self._mark is None else self._mark.load(self.log.write_index)
+        if position is not None:  # the backend's metadata may be older: skip what the log holds
+            self.backend.skip_to(position)
         ready, deferred, live = self.log.recover_states()
         self.ready = ready
         self.live = live
@@ -294,6 +314,7 @@ class MessageQueue:
         as many as fit if each were as large as the largest seen so far."""
         log = self.log
         moved = 0
+        stalled = False  # nothing fit even after ``make_room``: try once more, then stop
         while moved < count and self.backend.depth:
             batch = min(count - moved, log.free_bytes // log.frame_of(self.largest))
             if batch <= 0:
@@ -310,16 +331,39 @@ class MessageQueue:
                 self._commit()  # a peek may have skipped a corrupt file
                 break
             self.largest = max(self.largest, *map(len, records))
-            n = log.append_ready(records)
-            if n < len(records) and self.make_room(log.frame_of(self.largest)):
-                n += log.append_ready(records[n:])
-            self.ready += n
-            self.live += n
+            n = self._move_in(records)
             moved += n
-            if n < len(records):  # still no room: the rest stays on disk, read again later
-                self._commit(n)
-                break
-            self._commit()  # only now: a crash before it reads them again (duplicates)
+            if n == len(records):
+                stalled = False
+            elif stalled or not self.make_room(log.frame_of(self.largest)):
+                break  # still no room: the rest stays on disk, read again later
+            else:
+                stalled = not n
+
+    def _move_in(self, records: list[bytes]) -> int:
+        """Append the backend's peeked ``records`` to the log and commit those that fit (all,
+        or the first ones: the rest are read again). Exact across a kill -9: before the
+        append, the mark in shared memory says where the backend's reading ends once the
+        log has them, with the log's write index before it; so a restart resumes reading
+        past them if the append was published, before them if not (``BackendMark``)."""
+        log = self.log
+        mark = log.mark()
+        if self._mark is not None:
+            self._mark.save(self.backend.committed_position or (0, 0), self.backend.read_position, mark[0])
+        n = log.append_ready(records)
+        if 0 < n < len(records):  # only some fit: append exactly those, under their own mark
+            log.rollback(mark)
+            self._commit(0)
+            try:
+                again = self.backend.peek_many(n)  # the same first ``n``: they fit
+            except Exception:
+                logger.exception("failed to read from %r", self.backend)
+                return 0
+            return self._move_in(again)
+        self.ready += n
+        self.live += n
+        self._commit(n if n < len(records) else None)  # a crash before this reads none twice
+        return n
 
     def _commit(self, count: int | None = None) -> None:
         """Consume what was peeked from the backend (only the first ``count``, if given)."""
@@ -327,6 +371,13 @@ class MessageQueue:
             self.backend.commit(count)
         except Exception:  # kept unconsumed: read again later (duplicates, never loss)
             logger.exception("failed to commit a read of %r", self.backend)
+        self._save_mark()
+
+    def _save_mark(self) -> None:
+        """Keep the backend's committed read position in shared memory (no syscall)."""
+        position = self.backend.committed_position
+        if self._mark is not None and position is not None:
+            self._mark.save(position)
 
     def finish(self, pos: int) -> None:
         """The record at ``pos`` is done (FIN, sampled out, handed on by a topic)."""
@@ -392,6 +443,7 @@ class MessageQueue:
         self.ready = self.live = self._done = 0
         self.again.clear()
         self.backend.empty()
+        self._save_mark()
         self.journaled = 0
         for path in (self.sidecar, self.journal):
             if path is not None:
