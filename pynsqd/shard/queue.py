@@ -254,6 +254,23 @@ class MessageQueue:
             logger.error("failed to remove %s - %s", path, exc)
 
     # --- out --------------------------------------------------------------------------
+    def mark_in_flight(self, pos: int, attempts: int) -> None:
+        """The READY record at ``pos`` (from ``take``) is delivered: IN_FLIGHT, ``attempts``
+        written into its message."""
+        self.log.deliver(pos, attempts)
+
+    def defer(self, pos: int, due: int) -> None:
+        """The in-flight record at ``pos`` waits until ``due`` (wall-clock ns), in place."""
+        self.log.set_deferred(pos, due)
+
+    def message_at(self, pos: int) -> bytes:
+        """The message of the record at ``pos``, attempts as stored."""
+        return self.log.message_at(pos)[2]
+
+    def timestamp_at(self, pos: int) -> int:
+        """The publish time (ns) of the message at ``pos``."""
+        return self.log.timestamp_at(pos)
+
     def requeue(self, pos: int) -> None:
         """Make the (in-flight or deferred) record at ``pos`` ready again, in place."""
         self.log.set_state(pos, READY)
@@ -382,11 +399,18 @@ class MessageQueue:
     def finish(self, pos: int) -> None:
         """The record at ``pos`` is done (FIN, sampled out, handed on by a topic)."""
         self.log.states[pos] = DONE
-        self.finished(1)
+        self._finished(1)
 
-    def finished(self, count: int) -> None:
-        """``count`` records were marked DONE by the caller (``log.states[pos] = DONE``);
-        every ``RELEASE_EVERY`` of them the front of the log is released."""
+    def finish_many(self, positions: Sequence[int]) -> None:
+        """The records at ``positions`` are done (a run of FINs): one state byte each."""
+        states = self.log.states
+        for pos in positions:
+            states[pos] = DONE
+        self._finished(len(positions))
+
+    def _finished(self, count: int) -> None:
+        """``count`` records were marked DONE; every ``RELEASE_EVERY`` of them the front of
+        the log is released."""
         self.live -= count
         self._done += count
         if self._done >= RELEASE_EVERY:
