@@ -11,9 +11,14 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pynsqd.shard.broker import Broker
+from pynsqd.shard.channel import Channel
+from pynsqd.shard.config import NsqdOptions
+from pynsqd.shard.node import make_backend, queue_factory
 from pynsqd.shard.queue import MessageQueue, segment_queue
 from pynsqd.shm import sidecar
 from pynsqd.shm.diskqueue import DiskQueue
@@ -188,6 +193,48 @@ def test_a_refill_is_read_exactly_once_after_a_crash_at_any_point(
         got += [r[26:] for r in again.take(50)[1]]
     assert sorted(got) == sorted(b"m%d" % i for i in range(30))
     again.close(delete=True)
+
+
+@pytest.mark.parametrize("handing", ["put_many", "put_deferred"])
+def test_a_topic_killed_while_handing_messages_on_gives_no_channel_one_twice(
+        data_path: str, handing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Messages wait at a paused topic (40 ready, one deferred); on unpause the topic hands
+    them to channel a, and the process dies before channel b has them and before the topic
+    marks them done. After the restart each channel holds each message once."""
+    opts = NsqdOptions(data_path=data_path, mem_queue_size=1000)
+
+    def broker() -> Broker:
+        return Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+
+    first = broker()
+    topic = first.get_topic("t")
+    first.get_channel(topic, "a")
+    b = first.get_channel(topic, "b")
+    topic.pause()
+    def numbered(i: int) -> bytes:  # a message with its own id
+        return HEADER.pack(time.time_ns(), 0, b"%016x" % i) + b"m%d" % i
+    topic.put_many([numbered(i) for i in range(40)], 80)
+    topic.put_deferred(numbered(40), 60 * 10**9, time.monotonic_ns(), 5)
+    topic.unpause()
+    real = getattr(Channel, handing)
+
+    def dies_at_b(channel: Channel, *args: Any) -> None:
+        if channel is b:
+            raise _Killed
+        real(channel, *args)
+    monkeypatch.setattr(Channel, handing, dies_at_b)
+    with pytest.raises(_Killed):
+        topic.pump(time.monotonic_ns())
+    monkeypatch.undo()
+    _crash(first)
+    again = broker()
+    again.restore([("t", False, [("a", False), ("b", False)])])
+    topic = again.topics["t"]
+    while topic.depth:
+        topic.pump(time.monotonic_ns())
+    for channel in topic.channels.values():
+        assert channel.queue.live == len(channel.queue.live_ids()) == 41, channel
+    again.delete_topic("t")
 
 
 def test_dpub_into_a_full_log_survives_kill_9_of_the_tree(nsqd_factory: Callable[..., Daemon],

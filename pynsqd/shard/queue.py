@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Protocol
 
 from pynsqd.shm import sidecar as sidecar_file
@@ -266,6 +266,11 @@ class MessageQueue:
     def message_at(self, pos: int) -> bytes:
         """The message of the record at ``pos``, attempts as stored."""
         return self.log.message_at(pos)[2]
+
+    def live_ids(self, among: Container[bytes] | None = None) -> set[bytes]:
+        """Ids of the messages in the log not yet done (only those in ``among``, if given);
+        one walk over the log, for recovery."""
+        return self.log.live_ids(among)
 
     def timestamp_at(self, pos: int) -> int:
         """The publish time (ns) of the message at ``pos``."""
