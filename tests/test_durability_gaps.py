@@ -74,8 +74,29 @@ def test_deferred_messages_without_room_survive_a_crash(data_path: str) -> None:
     unplaced = [m for pos, _, m in deferred if pos < 0]
     assert unplaced and again.journaled == len(unplaced)
     assert sorted(m for _, m in sidecar.read_journal(again.journal or "", log)) == sorted(unplaced)
-    again.unjournal(len(unplaced))  # the owner stored them elsewhere
+    again.unjournal(unplaced)  # the owner stored them elsewhere
     assert not Path(again.journal or "").exists()
+    again.close(delete=True)
+
+
+def test_journaled_messages_stored_elsewhere_are_not_loaded_again_after_a_crash(data_path: str) -> None:
+    """Deferred messages journaled for want of room; ten come due and are stored (the log is
+    full: on disk) while the others still wait. After a kill -9 each message is there once."""
+    q = segment_queue(data_path, 1000, 4096, "channel", "t:c", disk_queue(data_path, "t:c"))
+    held = []
+    for i in range(200):
+        record = HEADER.pack(1_700_000_000_000_000_000, 0, b"%016x" % i) + b"dpub %03d" % i
+        if q.append(record, DEFERRED, 1_000_000 + i) is None:
+            held.append(record)
+    assert len(held) > 20
+    q.put_many(held[:10])  # what the channel does with them once due
+    q.unjournal(held[:10])
+    assert q.backend_depth == 10 and Path(q.journal or "").exists()
+    _crash(q)
+    again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
+    bodies = [m[26:] for _, _, m in again.recover()]  # the log's and the journal's
+    bodies += [m[26:] for m in again.backend.peek_many(100)]  # and the disk queue's
+    assert sorted(bodies) == [b"dpub %03d" % i for i in range(200)]
     again.close(delete=True)
 
 
@@ -85,7 +106,7 @@ def test_journal_goes_once_drained_and_a_torn_tail_loses_only_that_append(data_p
         pass
     q.append(message(b"second"), DEFERRED, 2)
     assert q.journaled == 2
-    q.unjournal(1)
+    q.unjournal([message(b"fill")])
     assert Path(q.journal or "").exists()
     with open(q.journal or "", "ab") as out:  # an append torn by the crash
         out.write(b"\0" * 11)

@@ -337,7 +337,7 @@ class Channel:
                     self.deferred.push(retry, record)
                     self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = -1
                 return
-            self.queue.unjournal(len(memory_only))
+            self.queue.unjournal(memory_only)
 
     # --- timers ---------------------------------------------------------------------------
     def process_timers(self, now: int) -> bool:

@@ -238,14 +238,20 @@ class MessageQueue:
             self.journaled += 1
         return pos
 
-    def unjournal(self, count: int) -> None:
-        """``count`` messages ``append`` journaled are stored elsewhere now (the log, the
-        backend, a channel); the journal is removed when none is left."""
-        if self.journal is None or count <= 0 or not self.journaled:
+    def unjournal(self, messages: Sequence[bytes]) -> None:
+        """``messages`` that ``append`` journaled are stored elsewhere now (the log, the
+        backend, a channel): struck off the journal (one write), which is removed when none
+        is left."""
+        if self.journal is None or not messages or not self.journaled:
             return
-        self.journaled = max(0, self.journaled - count)
+        self.journaled = max(0, self.journaled - len(messages))
         if not self.journaled:
             self._remove(self.journal)
+            return
+        try:
+            sidecar_file.strike_journal(self.journal, messages)
+        except OSError as exc:  # loaded again next time (a duplicate, never a loss)
+            logger.error("failed to update %s - %s", self.journal, exc)
 
     def _remove(self, path: str) -> None:
         try:
@@ -493,7 +499,7 @@ class MessageQueue:
             if deferred:
                 try:
                     self.backend.put_many([message for _, message in deferred])
-                    self.unjournal(len(deferred))
+                    self.unjournal([message for _, message in deferred])
                 except Exception:
                     logger.exception("%d deferred messages lost on exit", len(deferred))
             self.backend.close()

@@ -164,14 +164,15 @@ class Topic:
         on so far are released and the rest keep waiting."""
         queue = self.queue
         waiting = self.waiting_deferred
-        done = held = 0
+        done = 0
+        held: list[bytes] = []
         try:
             for record, due, pos in waiting:
                 self._hand_on([record], _deferred_until(due))
                 if pos >= 0:
                     queue.finish(pos)
                 else:
-                    held += 1
+                    held.append(record)
                 done += 1
         finally:
             del waiting[:done]
