@@ -146,10 +146,10 @@ class MessageQueue:
         """Adopt what a previous process left: returns [(pos, due wall ns, message)] deferred,
         pos -1 for a message of the sidecar that found no room in the log."""
         self.recovering = False
+        ready, deferred, live = self.log.recover_states()
         position = None if self._mark is None else self._mark.load(self.log.write_index)
         if position is not None:  # the backend's metadata may be older: skip what the log holds
-            self.backend.skip_to(position)
-        ready, deferred, live = self.log.recover_states()
+            self.backend.skip_to(position)  # (only once the log proved whole: else they are read again)
         self.ready = ready
         self.live = live
         self.cursor = self.log.read_index
