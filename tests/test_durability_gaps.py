@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
+from pynsqd.node.config import NsqdOptions
+from pynsqd.node.datapath import make_backend
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.channel import Channel
-from pynsqd.shard.config import NsqdOptions
-from pynsqd.shard.node import make_backend, queue_factory
+from pynsqd.shard.node import queue_factory
 from pynsqd.shard.queue import MessageQueue, segment_queue
 from pynsqd.shm import sidecar
 from pynsqd.shm.diskqueue import DiskQueue
