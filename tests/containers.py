@@ -144,7 +144,7 @@ def _base_image(engine: Engine) -> None:
 def _context(engine: Engine) -> Path:
     """A build context as .dockerignore lets it through, plus a wheelhouse made by the host's pip."""
     ctx = engine.workdir / "context"
-    files = subprocess.run(["git", "ls-files", "-z", "pyproject.toml", "README.md", "pynsqd", "pyspark_nsq",
+    files = subprocess.run(["git", "ls-files", "-z", "pyproject.toml", "README.md", "LICENSE", "pynsqd", "pyspark_nsq",
                             ".dockerignore"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
     for name in filter(None, files):
         target = ctx / name.decode()
