@@ -10,17 +10,17 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 
-from tests.authserver import AuthServer
-from tests.certs import Certs
-from tests.containers import (  # noqa: F401  (session fixtures: a Docker engine and pynsqd's images)
+from tests.support.authserver import AuthServer
+from tests.support.certs import Certs
+from tests.support.containers import (  # noqa: F401  (session fixtures: a Docker engine and pynsqd's images)
     broker_image,
     docker_engine,
     image_context,
     prometheus_image,
     spark_image,
 )
-from tests.harness import Daemon, remove_segments
-from tests.test_clients import clients  # noqa: F401  (the fixture, shared with test_http)
+from tests.support.harness import Daemon, remove_segments
+from tests.test_foreign_clients import clients  # noqa: F401  (the fixture, shared with test_http)
 
 T = TypeVar("T")
 
@@ -79,7 +79,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 
 @pytest.fixture
 def auth() -> Iterator[AuthServer]:
-    """A small real auth server (``tests.authserver``); set ``auth.replies[secret]``."""
+    """A small real auth server (``tests.support.authserver``); set ``auth.replies[secret]``."""
     server = AuthServer().start()
     yield server
     server.stop()

@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pynsqd.shard.stats import format_text, rfc3339
 from pynsqd.wire.commands import encode_fin, encode_pub
-from tests.harness import Daemon, scaled, wait_for
-from tests.rawclient import RawClient
-from tests.test_clients import ClientProc, consume
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.rawclient import RawClient
+from tests.test_foreign_clients import ClientProc, consume
 
 # The key lists of nsqd v1.3's /stats JSON (NSQ-FACTS §2.2), in order.
 TOP_KEYS = ["version", "health", "start_time", "topics", "memory", "producers"]

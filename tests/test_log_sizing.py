@@ -19,8 +19,8 @@ from pynsqd.shm.segment import Segment, list_segments, segment_name, unlink_segm
 from pynsqd.shm.sizing import Grower, Host, HostRoom, LogSizing, plan
 from pynsqd.wire.commands import encode_mpub
 from pynsqd.wire.message import HEADER
-from tests.harness import Daemon, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.rawclient import RawClient
 from tests.test_durability_gaps import disk_queue
 
 GiB = 1 << 30

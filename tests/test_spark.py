@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from pynsqd.client import SyncProducer
-from tests.harness import Daemon, wait_for
-from tests.spark_helpers import (
+from tests.support.harness import Daemon, wait_for
+from tests.support.spark_helpers import (
     Pipeline,
     channel_stats,
     consume,

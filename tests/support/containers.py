@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from tests.harness import scaled, wait_for
+from tests.support.harness import scaled, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 COMPOSE = ROOT / "deploy" / "docker" / "compose.yaml"
 BASE_CACHE = Path("/var/cache/pynsqd-test/debian-bookworm-python3.tar")
