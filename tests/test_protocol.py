@@ -1,5 +1,5 @@
 """Protocol V2 against the real server process, frame by frame (NSQ's protocol_v2_test.go
-behaviours, NSQ-FACTS §3 and §5)."""
+behaviours)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Disk write errors (RLIMIT_FSIZE: the kernel refuses to grow a file, EFBIG) on the paths
-that used to lose or repeat messages: a refill from the disk queue whose leftovers could
+where a failed write could lose or repeat messages: a refill from the disk queue whose leftovers could
 not be written back, a deferred message a topic hands to a channel whose journal write
 fails, a publish one channel takes and the next refuses, and an oversize cross-shard batch
 split into several ring records.
