@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from pynsqd import NSQ_VERSION
-from pynsqd.lookupd.http import go_json, parse_query
+from pynsqd.httpkit import go_json, parse_query
 from pynsqd.wire.lookup import IdentifyInfo, encode_register
 from tests.support.harness import Daemon
 from tests.support.lookupd_helpers import Producer, http, lookupd
