@@ -1,6 +1,6 @@
 """Shared fixtures: real daemons on free ports, torn down by pid; asyncio on uvloop.
 
-Tiers (``scripts/test``): ``tests/unit`` holds tests that start no process (run with
+Tiers (``scripts/test``): ``tests/unit`` holds tests that start no daemon (run with
 pytest-xdist); the modules here start real daemons. Those in ``INTEGRATION_MODULES``, and every
 test marked ``spark``, ``containers`` or ``clients``, are marked ``slow``: the integration tier.
 The rest, with ``tests/unit``, is the fast tier, run on every change (``scripts/test fast``).
