@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pynsqd.wire.commands import encode_pub
-from tests.harness import Daemon, connect, remove_segments, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.harness import Daemon, connect, remove_segments, scaled, wait_for
+from tests.support.rawclient import RawClient
 
 NOFILE = 64
 FLOOD = 120

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness import Daemon, scaled, wait_for
-from tests.test_clients import ClientProc, publish, run
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.test_foreign_clients import ClientProc, publish, run
 
 
 @pytest.fixture
