@@ -7,8 +7,9 @@ source: N messages are published to a fresh nsqd (``--max-rdy-count`` raised so 
 stay in flight until the next one commits it; the shared-memory log sized so the backlog stays
 in memory) into a channel that already exists (``--new-channel``: before it exists), then one
 streaming query reads them with ``format("nsq")`` into the ``noop`` sink (or Parquet with
-``--parquet``). ``rows_s``: the clock runs from ``start()`` until nsqd reports every message
-FINed (so it includes the query's start-up and the commit of the last batch);
+``--parquet``). ``rows_s``:
+the clock runs from ``start()`` until nsqd reports every message FINed (so it includes the
+query's start-up and the commit of the last batch);
 ``steady_rows_s``: from the first FIN seen to the last. ``simple``: the same run through the
 baseline ``SimpleDataSourceStreamReader`` (``simple_source.py``: rows built in the driver-side
 runner), on the same node and session, alternating which source goes first. sink:

@@ -23,6 +23,8 @@ from tests.harness import Daemon, wait_for
 from tests.spark_helpers import (
     Pipeline,
     channel_stats,
+    committed,
+    committed_count,
     consume,
     make_session,
     publish,
@@ -52,24 +54,6 @@ def stream(spark: Any, nsqd: Daemon, topic: str, channel: str, fmt: str = "nsq",
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
-
-
-def committed(spark: Any, path: Path) -> Any:
-    """What the Parquet file sink committed (its metadata log hides uncommitted files)."""
-    log = path / "_spark_metadata"
-    if not log.exists() or not any(f.name.isdigit() for f in log.iterdir()):
-        return None
-    from pyspark.errors import AnalysisException
-
-    try:
-        return spark.read.parquet(str(path))
-    except AnalysisException:  # the logged batches wrote no file yet (empty heartbeat batches)
-        return None
-
-
-def committed_count(spark: Any, path: Path) -> int:
-    df = committed(spark, path)
-    return 0 if df is None else int(df.count())
 
 
 def test_source_100k_messages_into_parquet_every_id_once_and_fin_only_after_commit(

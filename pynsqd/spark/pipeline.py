@@ -79,6 +79,11 @@ def build_source(spark: Any, opts: PipelineOptions) -> Any:
         reader = reader.option("nsqdTCPAddresses", ",".join(opts.nsqd_tcp_addresses))
     if opts.lookupd_http_addresses:
         reader = reader.option("lookupdHTTPAddresses", ",".join(opts.lookupd_http_addresses))
+    # executors fetch each batch from the source's runner, on the driver's host: where they
+    # reach Spark's driver (spark.driver.host, SPARK_LOCAL_IP), they reach it
+    driver_host = spark.conf.get("spark.driver.host", "")
+    if driver_host:
+        reader = reader.option("driverHost", driver_host)
     return reader.load()
 
 
@@ -166,7 +171,8 @@ def run(argv: list[str]) -> int:
     register(spark)  # auto-registration covers local runs; a cluster launched from here needs it
     started = time.monotonic()
     query = start_query(opts, transform(spark, opts, build_source(spark, opts)))
-    print(f"{PROG}: started query {query.id} ({opts.topic}/{opts.channel})", flush=True)
+    print(f"{PROG}: started query {query.id} ({opts.topic}/{opts.channel}) in application "
+          f"{spark.sparkContext.applicationId}", flush=True)
     status = 0
     try:
         interval = opts.progress_interval / 1e9
