@@ -7,6 +7,7 @@ consume. Processes are started on free ports and stopped by pid.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -254,3 +255,33 @@ class Pipeline:
                 self.proc.wait()
             self._out.close()
         return code
+
+
+def _data_batch(ckpt: Path, batch: int) -> bool:
+    """Whether the logged batch carried messages: its end offset is a new ``seq`` (``hb`` 0),
+    not a heartbeat."""
+    lines = (ckpt / "offsets" / str(batch)).read_text().splitlines()
+    return bool(json.loads(lines[-1]).get("hb") == 0)
+
+
+def kill_between_commit_and_fin(pipeline: Pipeline, ckpt: Path, data_batches: int = 1,
+                                timeout: float = 120.0) -> int:
+    """SIGKILL ``pipeline`` right after Spark logged the commit of a batch with messages (the
+    ``data_batches``-th or later), before it planned the next one: the source FINs a batch only
+    when the next is planned, so that batch's messages are in the output *and* come back from
+    nsqd. Fails unless the kill landed there; returns the batch id."""
+    commits = ckpt / "commits"
+
+    def committed_data_batch() -> tuple[int] | None:
+        assert pipeline.proc.poll() is None, pipeline.output()
+        done = sorted(int(f.name) for f in commits.iterdir() if f.name.isdigit()) if commits.is_dir() else []
+        if not done or (ckpt / "offsets" / str(done[-1] + 1)).exists():
+            return None
+        data = [batch for batch in done if _data_batch(ckpt, batch)]
+        return (done[-1],) if len(data) >= data_batches and data[-1] == done[-1] else None
+
+    (batch,) = wait_for(committed_data_batch, timeout, interval=0.02, what="a committed batch with messages")
+    pipeline.kill()
+    assert not (ckpt / "offsets" / str(batch + 1)).exists(), (
+        f"batch {batch + 1} was planned (and batch {batch} FINed) before the kill landed")
+    return int(batch)

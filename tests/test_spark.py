@@ -26,6 +26,7 @@ from tests.spark_helpers import (
     committed,
     committed_count,
     consume,
+    kill_between_commit_and_fin,
     make_session,
     publish,
     start_standalone,
@@ -329,6 +330,41 @@ def test_pipeline_command_from_the_readme_survives_a_kill_and_restart(
     result = committed(spark, out)
     assert {r.line for r in result.select("line").distinct().collect()} == {f"e{i:05d}" for i in range(total)}
     assert "date" in result.columns  # partitioned by date
+
+
+def test_pipeline_with_a_dedupe_window_writes_each_message_once_across_a_crash_between_commit_and_fin(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """The driver dies after a batch's rows were committed and before its FIN: nsqd delivers
+    those messages again after the restart, and ``--dedupe-window`` drops them."""
+    nsqd = nsqd_factory("--max-rdy-count=30000")
+    total = 20_000
+    publish(nsqd, "orders", (b"d%05d" % i for i in range(total)))
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    args = [f"--nsqd-tcp-address={addr(nsqd)}", "--topic=orders", "--dedupe-window=10m",
+            "--sql=SELECT id, attempts, timestamp, CAST(body AS STRING) AS line FROM nsq",
+            f"--output-dir={out}", f"--checkpoint-dir={ckpt}", "--max-batch=3000", "--max-in-flight=10000",
+            "--msg-timeout=3s", "--trigger-interval=2s"]
+    log = tmp_path / "pipeline.log"
+    first = Pipeline(args, log)
+    try:
+        kill_between_commit_and_fin(first, ckpt, data_batches=2)
+    finally:
+        first.kill()
+    assert 0 < committed_count(spark, out) < total
+    second = Pipeline(args, log)
+    try:
+        def all_there() -> bool:
+            assert second.proc.poll() is None, second.output()
+            stats = channel_stats(nsqd, "orders", "nsq_spark_pipeline")
+            return (stats.get("depth") == 0 and stats.get("in_flight_count") == 0
+                    and committed_count(spark, out) >= total)
+        wait_for(all_there, timeout=180, interval=1.0, what="every message committed after the restart")
+    finally:
+        second.kill()
+    result = committed(spark, out)
+    assert result.filter("attempts > 1").count() > 0  # messages did come back from nsqd
+    assert result.count() == total
+    assert {r.line for r in result.select("line").collect()} == {f"d{i:05d}" for i in range(total)}
 
 
 def test_pipeline_on_a_standalone_cluster(nsqd_factory: Callable[..., Daemon], tmp_path: Path,

@@ -18,7 +18,8 @@ continue where the last committed batch ended. Every ``--progress-interval`` a l
 batches, rows, rows/s and lag (the age of the newest message in the last batch). SIGINT or
 SIGTERM only sets an event; the main loop then stops the query and Spark, and exits 0.
 Messages of a batch that was not committed when it stopped come back from nsqd after their
-timeout (at-least-once; dedupe on ``id``).
+timeout (at-least-once); ``--dedupe-window`` drops the rows whose ``id`` was already written
+within the window (``dedupe.py``), so a crash and restart inside it leaves no duplicate rows.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, NoReturn
 from pynsqd.options import SECOND, UsageError, flag, resolve, run_cli
 
 PROG = "nsq_spark_pipeline"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
 def _required(value: str) -> str | None:
@@ -67,6 +69,8 @@ class PipelineOptions:
     msg_timeout: int = flag("msg-timeout", 60 * SECOND, "message timeout asked of nsqd", kind="duration")
     progress_interval: int = flag("progress-interval", 5 * SECOND, "how often to print progress",
                                   kind="duration")
+    dedupe_window: int = flag("dedupe-window", 0, "drop rows whose id was already written within this long "
+                              "(0: off; at-least-once)", kind="duration")
 
 
 def build_source(spark: Any, opts: PipelineOptions) -> Any:
@@ -90,6 +94,10 @@ def build_source(spark: Any, opts: PipelineOptions) -> Any:
 def transform(spark: Any, opts: PipelineOptions, df: Any) -> Any:
     from pyspark.sql import functions as F
 
+    if opts.dedupe_window:
+        from pynsqd.spark.dedupe import dedupe
+
+        df = dedupe(df, f"{opts.dedupe_window // 1_000_000} milliseconds")
     if opts.sql:
         df.createOrReplaceTempView("nsq")
         df = spark.sql(opts.sql)
@@ -161,6 +169,10 @@ def run(argv: list[str]) -> int:
         builder = builder.master(opts.master)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if not spark.sparkContext.getConf().contains(SHUFFLE_PARTITIONS):
+        # --dedupe-window's state is kept in this many partitions (fixed by the first run's
+        # checkpoint); Spark's default, 200, would run 200 tasks per micro-batch
+        spark.conf.set(SHUFFLE_PARTITIONS, str(spark.sparkContext.defaultParallelism))
     # After the session: SparkContext installs its own SIGINT handler (cancel jobs, raise
     # KeyboardInterrupt); ours only sets an event, and the main loop stops the query.
     stop = threading.Event()
