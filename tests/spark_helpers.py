@@ -182,11 +182,12 @@ def start_standalone(tmp: Path, workers: int = 1, isolated: bool = False,
     """A standalone master and ``workers`` workers on free ports; returns the master URL and
     processes (master first). ``isolated``: each in its own private ``/tmp`` (``private_tmp``),
     where its work and local directories are, so they share no temporary storage with each
-    other or the driver."""
+    other or the driver, and each worker on an address of its own."""
     tmp.mkdir(parents=True, exist_ok=True)
     scratch = Path("/tmp/spark") if isolated else tmp
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1",
-               SPARK_WORKER_DIR=str(scratch / "work"), SPARK_LOCAL_DIRS=str(scratch / "local"))
+               SPARK_WORKER_DIR=str(scratch / "work"), SPARK_LOCAL_DIRS=str(scratch / "local"),
+               SPARK_DAEMON_JAVA_OPTS="-XX:TieredStopAtLevel=1")  # master and workers: C1 is plenty
     port, webui = free_port(), free_port()
     master = SparkProcess(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
                            "--webui-port", str(webui)], tmp / "master.log", env, isolated)
@@ -195,7 +196,10 @@ def start_standalone(tmp: Path, workers: int = 1, isolated: bool = False,
         master.wait_for_log(r"I have been elected leader")
         url = f"spark://127.0.0.1:{port}"
         for i in range(workers):
-            procs.append(SparkProcess(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+            # isolated: a loopback address each (127.0.0.2, ...), so Spark takes them for separate
+            # hosts and fetches shuffle blocks over the network instead of from a "local" disk
+            host = f"127.0.0.{2 + i}" if isolated else "127.0.0.1"
+            procs.append(SparkProcess(["org.apache.spark.deploy.worker.Worker", "--host", host,
                                        "--port", str(free_port()), "--webui-port", str(free_port()),
                                        "--cores", str(cores), "--memory", "1g", url],
                                       tmp / f"worker{i}.log", env, isolated))

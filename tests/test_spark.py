@@ -29,7 +29,6 @@ from tests.spark_helpers import (
     kill_between_commit_and_fin,
     make_session,
     publish,
-    start_standalone,
 )
 
 pytestmark = pytest.mark.spark
@@ -365,33 +364,6 @@ def test_pipeline_with_a_dedupe_window_writes_each_message_once_across_a_crash_b
     assert result.filter("attempts > 1").count() > 0  # messages did come back from nsqd
     assert result.count() == total
     assert {r.line for r in result.select("line").collect()} == {f"d{i:05d}" for i in range(total)}
-
-
-def test_pipeline_on_a_standalone_cluster(nsqd_factory: Callable[..., Daemon], tmp_path: Path,
-                                          spark: Any) -> None:
-    nsqd = nsqd_factory()
-    url, procs = start_standalone(tmp_path / "cluster")
-    try:
-        total = 5000
-        publish(nsqd, "clustered", (b"c%04d" % i for i in range(total)))
-        out = tmp_path / "out"
-        pipeline = Pipeline([f"--nsqd-tcp-address={addr(nsqd)}", "--topic=clustered", f"--master={url}",
-                             "--sql=SELECT id, timestamp, CAST(body AS STRING) AS line FROM nsq",
-                             f"--output-dir={out}", f"--checkpoint-dir={tmp_path / 'ckpt'}"],
-                            tmp_path / "pipeline.log")
-        try:
-            def done() -> bool:
-                assert pipeline.proc.poll() is None, pipeline.output()
-                df = committed(spark, out)
-                return df is not None and df.select("line").distinct().count() == total
-            wait_for(done, timeout=180, interval=1.0, what="the cluster's output")
-        finally:
-            assert pipeline.interrupt() == 0, pipeline.output()
-        app_logs = list((tmp_path / "cluster" / "work").glob("app-*/*/stderr"))
-        assert app_logs, "no executor ran on the worker"
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
 
 
 def test_nsq_to_file_archives_are_read_by_sparks_native_text_json_and_file_stream(
