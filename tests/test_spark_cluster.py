@@ -157,11 +157,13 @@ def test_pipeline_on_an_isolated_cluster_through_lookupds_survives_executor_and_
             return all(left(nodes, channel) == 0 for channel in CHANNELS)
         wait_for(drained, timeout=300, interval=1.0, what="every message committed and FINed on every node")
     finally:
-        publisher.stop()
-        for pipeline in pipelines.values():
-            pipeline.kill()
-        for proc in reversed(cluster):
-            proc.stop()
+        try:
+            for pipeline in pipelines.values():
+                pipeline.kill()
+        finally:
+            for proc in reversed(cluster):
+                proc.stop()
+            publisher.stop()
     spark = make_session()  # Spark reads what the file sinks committed
     try:
         exactly = committed(spark, shared_dir / "exactly")
