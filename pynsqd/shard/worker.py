@@ -19,9 +19,12 @@ stderr, which stops the supervisor's respawn loop.
 Serving: TCP connections arrive as ``adopt`` messages (fd + state + unread bytes) and become
 ``ClientV2`` protocols via ``connect_accepted_socket``. HTTP and HTTPS connections arrive as
 ``serve_http`` messages (fd), handed out in turn (``supervisor/httpaccept.py``), and are
-served by the embedded uvicorn (``EmbeddedServer.adopt``). Every ``HEARTBEAT_EVERY`` the loop
-writes a timestamp into the heartbeat slot. A loop silent for 1.5 s gets no new HTTP
-connections; one that stops beating for ``PYNSQD_SHARD_TIMEOUT`` is killed by the supervisor.
+served by the embedded uvicorn (``EmbeddedServer.adopt``). Every pass of the broker's 100 ms
+scan ends by writing a timestamp into the heartbeat slot, so a beat proves that the scan
+(timeouts, deferred delivery, deadlines, syncs) makes progress, not only that the loop
+turns; disk syncs run on a worker thread (``syncer.py``). A shard silent for 1.5 s gets no
+new HTTP connections; one that stops beating for ``PYNSQD_SHARD_TIMEOUT`` is killed by the
+supervisor, and one whose scan raised exits with status 1 to be restarted.
 
 Exit (``quiesce`` then ``exit`` from the supervisor, or SIGTERM when run alone): stop
 delivering (every consumer is put in CLS's closing state), wait a bounded time for the
@@ -71,7 +74,6 @@ from pynsqd.supervisor.slots import BOOT_ERROR, ENV
 
 log = logging.getLogger("pynsqd.shard")
 
-HEARTBEAT_EVERY = 0.5  # seconds between heartbeat writes
 HEARTBEAT_SLOT = struct.Struct("d")
 PR_SET_PDEATHSIG = 1
 DRAIN_POLL = 0.01  # seconds between checks for in-flight messages at shutdown
@@ -119,7 +121,7 @@ class ShardWorker:
         self._http_task: asyncio.Task[None] | None = None
         self._https_server: EmbeddedServer | None = None
         self._https_task: asyncio.Task[None] | None = None
-        self._beat: asyncio.TimerHandle | None = None
+        self.failed = False  # stopping because the scan failed: exit status 1
         self.app = NsqdHTTP(self.broker, opts, self.info(), self._persist, self._set_lookupd)
         if boot.get("https") and opts.tls_required == "true":
             self.app.tls_required_port = boot["https_port"]
@@ -259,8 +261,16 @@ class ShardWorker:
 
     # --- lifecycle --------------------------------------------------------------------------
     def _beat_now(self) -> None:
+        """The heartbeat: written at the end of every pass of the broker's scan, so it says
+        that the loop turns *and* that the scan (timeouts, deferred delivery, deadlines,
+        syncs) makes progress."""
         HEARTBEAT_SLOT.pack_into(self.heartbeat, 0, time.monotonic())
-        self._beat = asyncio.get_running_loop().call_later(HEARTBEAT_EVERY, self._beat_now)
+
+    def _fatal(self) -> None:
+        """The scan failed (``Broker.on_fatal``): exit (status 1) for the supervisor to
+        restart this shard; the heartbeat has stopped, so a stuck exit is killed."""
+        self.failed = True
+        self._stop.set()
 
     async def main(self) -> None:
         loop = asyncio.get_running_loop()
@@ -268,6 +278,8 @@ class ShardWorker:
         self.control.start(loop)
         self.control.on_close = lambda chan: self._stop.set()
         self._beat_now()
+        self.broker.on_scan = self._beat_now
+        self.broker.on_fatal = self._fatal
         self.broker.start(loop)
         self.broker.on_change = self._changed
         self.inbound.start(loop)
@@ -345,6 +357,8 @@ def main() -> None:
         print(f"shard {boot['index']} failed to boot - {exc}", file=sys.stderr, flush=True)
         os._exit(BOOT_ERROR)
     uvloop.run(worker.main())
+    if worker.failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

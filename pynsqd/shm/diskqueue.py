@@ -26,9 +26,13 @@ stale metadata; opening repairs what it finds:
 ``peek_many`` reads records without consuming them and ``commit`` consumes everything peeked
 (or only the first ``count``: the reader moves back and the rest are read again):
 a sync persists only the committed read position (and counts uncommitted records in the
-depth), and a file read past is deleted only once a committed position has left it. A caller
-that stores what it peeked elsewhere before committing sees duplicates after a crash at any
-point, never a loss (``read_many`` is the two in one call).
+depth), and a file read past is deleted once a committed position has left it, by the next
+sync attempt whether or not that sync could fsync and persist the metadata: its records are
+stored elsewhere, and on a full disk the metadata write is what fails, so space freed by
+consumption is usable at once (metadata left pointing into a deleted file is repaired at
+open: the missing file is skipped, the depth recounted). A caller that stores what it peeked
+elsewhere before committing sees duplicates after a crash at any point, never a loss
+(``read_many`` is the two in one call).
 
 A record that cannot be parsed while reading (size outside [min, max], a torn record) makes
 the whole file ``<file>.bad`` (a missing file is skipped); reading goes on with the next file
@@ -41,6 +45,9 @@ parse records from memory (``diskqueue_format.parse_records``), so both run at m
 records per second. Every call is short except ``sync`` (one or a few fsyncs), which may run
 in another thread: the state lock is held only to take a snapshot, metadata renames are
 ordered by a sequence number, and a snapshot older than one already persisted is dropped.
+A sync that falls due inside ``put_many`` or ``commit`` is handed to ``on_sync_due`` when
+the owner set it (a shard runs them on a worker thread: ``pynsqd.shard.syncer``), and run
+inline otherwise.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pynsqd.shm import diskqueue_format as fmt
 from pynsqd.shm.diskqueue_format import HEADER, HEADER_SIZE, Meta, Stop
@@ -102,6 +109,7 @@ class DiskQueue:
         self._seq = 0
         self._persisted_seq = 0
         self._closed = False
+        self.on_sync_due: Callable[[], None] | None = None  # runs due syncs elsewhere, if set
         self._scanner = Scanner(name, data_path, min_msg_size, max_msg_size, self._log)
         try:
             state = self._scanner.open()
@@ -142,7 +150,7 @@ class DiskQueue:
             self._count += len(records)
             due = rolled or self._count >= self._sync_every
         if due:
-            self._sync_logged()
+            self._sync_requested()
 
     def _write_locked(self, records: Sequence[bytes], lengths: list[int]) -> bool:
         segments = fmt.plan_segments(self._write_pos, lengths, self._max_bytes)
@@ -248,7 +256,7 @@ class DiskQueue:
             self._pending = 0
             due, self._sync_due = self._sync_due or self._count >= self._sync_every, False
         if due:
-            self._sync_logged()
+            self._sync_requested()
 
     def _unpeek(self, keep: int) -> None:
         """Move the reader back to the committed position and past ``keep`` records again
@@ -387,16 +395,16 @@ class DiskQueue:
                 if seq > self._persisted_seq:   # else a newer state is already on disk
                     self._persist(meta)
                     self._persisted_seq = seq
-                for num in consumed:
-                    _unlink(self._path(num), self._log)
         except OSError as exc:
             with self._lock:
                 self._count = max(self._count, 1)
-                self._consumed[:0] = consumed
             raise DiskQueueError(f"DISKQUEUE({self.name}) failed to sync - {exc}") from exc
         finally:
             for fd in fds:
                 _close(fd)
+            with self._sync_lock:   # whatever the sync did: their records are stored elsewhere
+                for num in consumed:
+                    _unlink(self._path(num), self._log)
 
     def maybe_sync(self, now_ns: int) -> bool:
         """Sync if anything happened and ``sync_timeout`` has passed since the last sync.
@@ -404,10 +412,22 @@ class DiskQueue:
         ``now_ns`` is on the ``time.monotonic_ns()`` clock. Returns whether it synced; raises
         ``DiskQueueError`` like ``sync``.
         """
-        if self._closed or self._count == 0 or now_ns - self._last_sync_ns < self._sync_timeout_ns:
+        if not self.sync_wanted(now_ns):
             return False
         self.sync()
         return True
+
+    def sync_wanted(self, now_ns: int) -> bool:
+        """Anything happened and ``sync_timeout`` has passed since the last sync (or attempt)."""
+        return not self._closed and self._count > 0 and now_ns - self._last_sync_ns >= self._sync_timeout_ns
+
+    def _sync_requested(self) -> None:
+        """A sync is due (``sync_every``, a roll, a file read past): ``on_sync_due`` runs it
+        elsewhere (a worker thread: ``pynsqd.shard.syncer``) when set, else it runs here."""
+        if self.on_sync_due is not None:
+            self.on_sync_due()
+        else:
+            self._sync_logged()
 
     def _sync_logged(self) -> None:
         try:

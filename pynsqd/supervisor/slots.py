@@ -21,7 +21,7 @@ from pynsqd.supervisor.control import ControlChannel
 BOOT_ERROR = 3  # exit status: this worker cannot start; do not respawn (gunicorn's 3 too)
 ENV = "PYNSQD_WORKER"  # the environment variable naming a spawned process as a worker
 
-STALL_AFTER = 1.5  # seconds without a beat before a shard gets no new HTTP connections (it beats every 0.5)
+STALL_AFTER = 1.5  # seconds without a beat before a shard gets no new HTTP connections (its scan beats every 0.1)
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 10.0
 STABLE_AFTER = 10.0
