@@ -3,11 +3,12 @@
 Theory of operation
 -------------------
 ``Supervisor(opts, shards)`` does what must happen once per node, in the constructor so that
-port 0 works and errors are one line: lock the data path, read ``nsqd.dat``, load the
-placement table (``placement.py``) and place every known topic, store on disk what leftover
-inbound rings of a run with another shard count hold (``leftover_rings.py``), bind TCP and
-HTTP, create the inbound rings (``shard/crossshard.py``), one heartbeat page and one eventfd
-per shard.
+port 0 works and errors are one line: check the TLS files, bind TCP and HTTP, lock the data
+path and check that it is writable, read ``nsqd.dat``, load the placement table
+(``placement.py``) and place every known topic, store on disk what leftover inbound rings of
+a run with another shard count hold (``leftover_rings.py``), create the inbound rings
+(``shard/crossshard.py``), one heartbeat page and one eventfd per shard. A step that fails
+undoes the ones before it (``startup.py``): a failed start leaves nothing behind.
 
 ``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
 interpreter, never a fork of a running loop) with their descriptors inherited, waits until
@@ -56,7 +57,7 @@ from pynsqd.options import UsageError
 from pynsqd.shard import metadata
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.crossshard import create_rings, release_rings
-from pynsqd.shard.node import lock_data_path, recoverable
+from pynsqd.shard.node import recoverable
 from pynsqd.shard.statsd import StatsdLines, StatsdPusher, statsd_prefix
 from pynsqd.shard.transport import build_server_context
 from pynsqd.shm import store
@@ -66,9 +67,9 @@ from pynsqd.supervisor.aggregate import merge_stats
 from pynsqd.supervisor.control import PROXY_WAIT, ControlChannel, channel_pair
 from pynsqd.supervisor.handoff import greet
 from pynsqd.supervisor.httpaccept import HTTPAcceptor
-from pynsqd.supervisor.placement import Placement
 from pynsqd.supervisor.registration import Registration
 from pynsqd.supervisor.slots import BOOT_ERROR, ENV, STALL_AFTER, Slot
+from pynsqd.supervisor.startup import Startup
 from pynsqd.wire.lookup import IdentifyInfo
 from pynsqd.wire.names import is_ephemeral, is_valid_name
 
@@ -89,28 +90,31 @@ class Supervisor:
     def __init__(self, opts: NsqdOptions, shards: int) -> None:
         self.opts = opts
         self.shards = shards
-        self._lock_fd = lock_data_path(opts.data_dir)
-        try:
-            topics = metadata.load(opts.data_dir)
-        except ValueError as exc:
-            os.close(self._lock_fd)
-            raise UsageError(f"failed to load metadata - {exc}") from None
-        self.placement = Placement(opts.data_dir, shards)
-        self.placement.rebalance_at_start()
-        keep = leftover_rings.rescue(opts, shards, self.placement.owner, topics)  # before any shard
-        self.snapshots: dict[int, list[Any]] = {i: [] for i in range(shards)}
-        for topic in topics:
-            self.snapshots[self.placement.owner(topic[0])].append(list(topic))
+        # what needs no file first (TLS files, addresses, ports), then the data path: a start
+        # that fails says one line and leaves nothing behind (``Startup``)
         try:
             tls_ctx = build_server_context(opts)  # each shard builds its own from the same files
         except (OSError, ssl.SSLError) as exc:
-            os.close(self._lock_fd)
             raise UsageError(f"failed to load TLS certificate/key: {exc}") from None
-        self.tcp_socket = bind(opts.tcp_address, "tcp-address")
-        self.http_socket = bind(opts.http_address, "http-address") if opts.http_address else None
-        self.https_socket = (bind(opts.https_address, "https-address")
-                             if opts.https_address and tls_ctx is not None else None)
-        self.rings = create_rings(opts.data_dir, shards)
+        with Startup(opts.data_dir) as start:
+            self.tcp_socket = start.close_on_failure(bind(opts.tcp_address, "tcp-address"))
+            self.http_socket = (start.close_on_failure(bind(opts.http_address, "http-address"))
+                                if opts.http_address else None)
+            self.https_socket = (start.close_on_failure(bind(opts.https_address, "https-address"))
+                                 if opts.https_address and tls_ctx is not None else None)
+            self._lock_fd = start.lock()
+            try:
+                topics = metadata.load(opts.data_dir)
+            except ValueError as exc:
+                raise UsageError(f"failed to load metadata - {exc}") from None
+            self.placement = start.placement(shards)
+            self.placement.rebalance_at_start()
+            keep = leftover_rings.rescue(opts, shards, self.placement.owner, topics)  # before any shard
+            self.rings = create_rings(opts.data_dir, shards)
+            start.on_failure(lambda: release_rings(self.rings))
+        self.snapshots: dict[int, list[Any]] = {i: [] for i in range(shards)}
+        for topic in topics:
+            self.snapshots[self.placement.owner(topic[0])].append(list(topic))
         self._sweep_segments(topics, keep)
         self.wake_fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(shards)]
         self.slots = [Slot(i) for i in range(shards)]
