@@ -121,7 +121,8 @@ class ShardWorker:
         self._http_task: asyncio.Task[None] | None = None
         self._https_server: EmbeddedServer | None = None
         self._https_task: asyncio.Task[None] | None = None
-        self.failed = False  # stopping because the scan failed: exit status 1
+        self.failed = False  # stopping because the scan or a server failed: exit status 1
+        self._stopping_service = False
         self.app = NsqdHTTP(self.broker, opts, self.info(), self._persist, self._set_lookupd)
         if boot.get("https") and opts.tls_required == "true":
             self.app.tls_required_port = boot["https_port"]
@@ -287,15 +288,26 @@ class ShardWorker:
         if self.boot.get("http"):
             self._http_server = embedded_server(self.node_http, http=http_protocol(self.app))
             self._http_task = loop.create_task(self._http_server.serve(sockets=[]))
+            self._http_task.add_done_callback(self._server_ended)
         if self.boot.get("https"):
             self._https_server = embedded_server(self.node_http, self.tls_ctx, http_protocol(self.app))
             self._https_task = loop.create_task(self._https_server.serve(sockets=[]))
+            self._https_task.add_done_callback(self._server_ended)
         self._send_snapshot()
         self.control.send({"op": "ready", "pid": os.getpid()})
         try:
             await self._stop.wait()
         finally:
             await self.exit()
+
+    def _server_ended(self, task: asyncio.Task[None]) -> None:
+        """An HTTP(S) server that ends before this shard stops serving cannot be started
+        again in place: the shard exits to be restarted."""
+        if self._stopping_service or self._stop.is_set():
+            return
+        why = "cancelled" if task.cancelled() else repr(task.exception())
+        log.error("HTTP server ended unexpectedly (%s); stopping this process so that it is restarted", why)
+        self._fatal()
 
     async def _quiesce(self, chan: ControlChannel, msg: dict[str, Any]) -> None:
         """Shutdown phase 1: stop delivering, let consumers FIN/REQ what they hold (up to
@@ -304,6 +316,7 @@ class ShardWorker:
         chan.reply(msg, {"ok": True})
 
     async def _stop_serving(self, wait: float = 0.0) -> None:
+        self._stopping_service = True
         clients = list(self.broker.clients)
         for client in clients:
             client.stop_delivery()

@@ -188,6 +188,8 @@ class Supervisor:
 
     # --- spawning and supervising shards -----------------------------------------------------
     def spawn(self, slot: Slot) -> None:
+        """Start the shard of ``slot``. Raises ``OSError`` (descriptors or processes
+        exhausted) with nothing left open."""
         here, there = channel_pair()
         slot.reset_heartbeat()
         boot = {"index": slot.index, "shards": self.shards, "parent": os.getpid(),
@@ -204,6 +206,9 @@ class Supervisor:
             os.set_inheritable(fd, True)
         try:
             slot.pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "pynsqd.shard.worker"], env)
+        except OSError:
+            here.close()
+            raise
         finally:
             for fd in fds:
                 os.set_inheritable(fd, False)
@@ -257,8 +262,25 @@ class Supervisor:
                     _kill(slot.pid, signal.SIGKILL)
             elif slot.pid == 0 and slot.respawn_at is not None and now >= slot.respawn_at and not self._stopping:
                 slot.respawn_at = None
-                slot.restarts += 1
-                self.spawn(slot)
+                self._respawn(slot, now)
+
+    def _respawn(self, slot: Slot, now: float) -> None:
+        """Restart a dead shard; one that cannot be started now (EMFILE, EAGAIN) is tried
+        again with the restart back-off, logged once per failing spell."""
+        try:
+            self.spawn(slot)
+        except OSError as exc:
+            delay = slot.schedule_restart(now)
+            if not slot.spawn_failing:
+                log.error("shard %d: cannot start - %s; retrying with back-off", slot.index, exc)
+            else:
+                log.debug("shard %d: cannot start - %s; retrying in %.1fs", slot.index, exc, delay)
+            slot.spawn_failing = True
+            return
+        slot.restarts += 1
+        if slot.spawn_failing:
+            log.info("shard %d: started again after failed attempts", slot.index)
+            slot.spawn_failing = False
 
     @staticmethod
     def _check_stall(slot: Slot, quiet: float) -> None:
@@ -432,7 +454,12 @@ class Supervisor:
         log.info("%s", self.log_sizing.describe(self.opts.mem_queue_size, self.host))
         self.save_metadata()
         for slot in self.slots:
-            self.spawn(slot)
+            try:
+                self.spawn(slot)
+            except OSError as exc:
+                self.fatal = f"cannot start shard {slot.index} - {exc}"
+                self._signals.put_nowait(signal.SIGTERM)
+                break
         self._accept_task = loop.create_task(self._wait_then_accept())
         while not self._stopping:
             try:

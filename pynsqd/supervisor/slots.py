@@ -41,6 +41,7 @@ class Slot:
         self.respawn_at: float | None = None
         self.abort_sent: float | None = None
         self.stalled = False  # no beat for STALL_AFTER: alive, but its loop is not turning
+        self.spawn_failing = False  # the last restart could not start a process (logged once)
         self._quick_deaths = 0
         self.heartbeat_fd = os.memfd_create(f"pynsqd-heartbeat-{index}", os.MFD_CLOEXEC)
         os.ftruncate(self.heartbeat_fd, mmap.PAGESIZE)
