@@ -130,6 +130,7 @@ class Supervisor:
         self._stopping = False
         self._exited = False
         self._save_pending = False
+        self._metadata_failing = False  # the last save failed (logged once per spell)
         self._next_any = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accept_task: asyncio.Task[None] | None = None
@@ -178,8 +179,14 @@ class Supervisor:
                   for i in range(self.shards) for t in self.snapshots[i]]
         try:
             metadata.save(self.opts.data_dir, metadata.encode(topics))
-        except OSError as exc:
-            log.error("failed to persist metadata - %s", exc)
+        except OSError as exc:  # kept in memory; saved with the next change or at exit
+            if not self._metadata_failing:
+                log.error("failed to persist metadata - %s", exc)
+            self._metadata_failing = True
+            return
+        if self._metadata_failing:
+            log.info("metadata persisted again")
+            self._metadata_failing = False
 
     def _schedule_save(self) -> None:
         if not self._save_pending:
@@ -525,6 +532,7 @@ class Supervisor:
         killed = await self._wait_children(deadline)
         if killed:
             log.error("%d shard(s) did not exit in time and were killed", killed)
+        self._metadata_failing = False  # the last save: its failure is always logged
         self.save_metadata()
         await self.registration.close()
         release_rings(self.rings)
