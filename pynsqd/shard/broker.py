@@ -2,14 +2,18 @@
 
 Theory of operation
 -------------------
-Everything here runs on the shard's event loop, so there are no locks. Work that may allow
+Everything here runs on the shard's event loop, so there are no locks (disk-queue syncs run
+on the ``Syncer``'s worker thread, which touches nothing but the queue). Work that may allow
 delivery is not done inline: topics and channels call ``schedule(obj)``, which puts them in a
 "dirty" set and arranges one ``call_soon`` for the whole set; the callback runs each dirty
 object's ``pump`` once. A burst of 200 PUBs on 50 connections thus costs one pump per
 channel per loop turn, not 10,000.
 
 Timeouts and deferred messages are scanned every ``SCAN_INTERVAL`` (nsqd: 100 ms), only for
-channels that hold something in flight or deferred.
+channels that hold something in flight or deferred; the same scan asks for the syncs due
+after ``--sync-timeout``, retries topics that could not hand messages on, checks client
+deadlines and ends with ``on_scan`` (the shard's heartbeat). A pass that raises stops the
+scan and calls ``on_fatal``: the process goes down and the supervisor restarts it.
 
 Publishing turns bodies into encoded messages (``pynsqd.wire.message``): one wall-clock
 read and one batch of ids per PUB/MPUB.
