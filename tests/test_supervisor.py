@@ -795,6 +795,8 @@ def test_a_cross_shard_batch_the_owner_cannot_store_stays_in_the_ring_until_it_c
         finally:
             subprocess.run(["prlimit", f"--pid={pid}", "--fsize=unlimited:unlimited"], check=True)
     wait_for(lambda: _topic_count(nsqd, away) == 10, 20, what="the batch stored on retry")
+    nsqd.wait_for_log(rf"TOPIC\({away}\): cross-shard messages stored again", 10)
+    assert nsqd.output.count("failed to store 10 cross-shard message(s)") == 1  # once per spell
     with RawClient(nsqd.tcp) as c:
         c.subscribe(away, "ch", rdy=20)
         assert sorted(c.read_message(timeout=scaled(10)).body for _ in range(10)) == sorted(
