@@ -38,7 +38,7 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from pynsqd.shm.diskqueue import DiskQueue
+from pynsqd.shm.diskqueue import DiskQueue, DiskQueueError
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -104,7 +104,8 @@ class Syncer:
             delay = min(RETRY_MIN * 2 ** (state.failures - 1), RETRY_MAX)
             state.retry_at = time.monotonic_ns() + int(delay)
             if state.failures == 1:
-                log.error("%s; retrying with back-off (up to %gs)", exc, RETRY_MAX / 1e9)
+                why = str(exc) if isinstance(exc, DiskQueueError) else f"DISKQUEUE({queue.name}) sync failed - {exc!r}"
+                log.error("%s; retrying with back-off (up to %gs)", why, RETRY_MAX / 1e9)
         if state.again:
             state.again = False
             self.request(queue)
