@@ -285,6 +285,28 @@ def test_stale_read_position_redelivers(open_queue: Opener, tmp_path: Path) -> N
     assert drain(recovered) == [msg(i) for i in range(6)]
 
 
+def test_skip_to_resumes_at_a_committed_position_the_metadata_never_saw(
+        open_queue: Opener, tmp_path: Path) -> None:
+    live = tmp_path / "live"
+    live.mkdir()
+    queue = open_queue(path=live, max_bytes_per_file=100)  # 5 records of 20 bytes a file
+    queue.put_many([msg(i) for i in range(10)])
+    queue.sync()
+    queue.read_many(3)                          # consumed, not synced
+    assert queue.peek_many(1) == [msg(3)]
+    assert queue.committed_position == (0, 60) and queue.read_position == (0, 80)
+    queue.commit(0)
+    recovered = open_queue(path=crash_copy(live, tmp_path / "crashed"))
+    assert recovered.depth == 10
+    assert recovered.skip_to((0, 59)) == 0 and recovered.depth == 10  # not a record boundary
+    assert recovered.skip_to((9, 0)) == 0 and recovered.depth == 10   # past the write position
+    assert recovered.skip_to((0, 60)) == 3 and recovered.depth == 7
+    assert recovered.skip_to((0, 20)) == 0                            # behind it now
+    recovered.sync()                            # persists the new position
+    assert meta_text(tmp_path / "crashed") == "7\n0,60\n1,100\n"
+    assert drain(recovered) == [msg(i) for i in range(3, 10)]
+
+
 def test_missing_metadata_recovers_by_scanning(open_queue: Opener, tmp_path: Path) -> None:
     queue = open_queue(max_bytes_per_file=100)
     queue.put_many([msg(i) for i in range(12)])

@@ -11,13 +11,18 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pynsqd.shard.queue import segment_queue
+from pynsqd.shard.broker import Broker
+from pynsqd.shard.channel import Channel
+from pynsqd.shard.config import NsqdOptions
+from pynsqd.shard.node import make_backend, queue_factory
+from pynsqd.shard.queue import MessageQueue, segment_queue
 from pynsqd.shm import sidecar
 from pynsqd.shm.diskqueue import DiskQueue
-from pynsqd.shm.log import DEFERRED
+from pynsqd.shm.log import DEFERRED, MessageLog
 from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.commands import encode_dpub, encode_fin
 from pynsqd.wire.message import HEADER
@@ -69,8 +74,29 @@ def test_deferred_messages_without_room_survive_a_crash(data_path: str) -> None:
     unplaced = [m for pos, _, m in deferred if pos < 0]
     assert unplaced and again.journaled == len(unplaced)
     assert sorted(m for _, m in sidecar.read_journal(again.journal or "", log)) == sorted(unplaced)
-    again.unjournal(len(unplaced))  # the owner stored them elsewhere
+    again.unjournal(unplaced)  # the owner stored them elsewhere
     assert not Path(again.journal or "").exists()
+    again.close(delete=True)
+
+
+def test_journaled_messages_stored_elsewhere_are_not_loaded_again_after_a_crash(data_path: str) -> None:
+    """Deferred messages journaled for want of room; ten come due and are stored (the log is
+    full: on disk) while the others still wait. After a kill -9 each message is there once."""
+    q = segment_queue(data_path, 1000, 4096, "channel", "t:c", disk_queue(data_path, "t:c"))
+    held = []
+    for i in range(200):
+        record = HEADER.pack(1_700_000_000_000_000_000, 0, b"%016x" % i) + b"dpub %03d" % i
+        if q.append(record, DEFERRED, 1_000_000 + i) is None:
+            held.append(record)
+    assert len(held) > 20
+    q.put_many(held[:10])  # what the channel does with them once due
+    q.unjournal(held[:10])
+    assert q.backend_depth == 10 and Path(q.journal or "").exists()
+    _crash(q)
+    again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
+    bodies = [m[26:] for _, _, m in again.recover()]  # the log's and the journal's
+    bodies += [m[26:] for m in again.backend.peek_many(100)]  # and the disk queue's
+    assert sorted(bodies) == [b"dpub %03d" % i for i in range(200)]
     again.close(delete=True)
 
 
@@ -80,7 +106,7 @@ def test_journal_goes_once_drained_and_a_torn_tail_loses_only_that_append(data_p
         pass
     q.append(message(b"second"), DEFERRED, 2)
     assert q.journaled == 2
-    q.unjournal(1)
+    q.unjournal([message(b"fill")])
     assert Path(q.journal or "").exists()
     with open(q.journal or "", "ab") as out:  # an append torn by the crash
         out.write(b"\0" * 11)
@@ -154,6 +180,82 @@ def test_refill_commits_only_after_the_copy_into_the_log(data_path: str) -> None
         got += [r[26:] for r in again.take(50)[1]]
     assert set(got) == {b"m%d" % i for i in range(30)}
     again.close(delete=True)
+
+
+class _Killed(BaseException):
+    """kill -9 at a chosen instruction: nothing after it runs."""
+
+
+@pytest.mark.parametrize("killed_in", [None, (MessageQueue, "_commit"), (MessageLog, "append_ready")],
+                         ids=["after", "before-commit", "before-append"])
+def test_a_refill_is_read_exactly_once_after_a_crash_at_any_point(
+        data_path: str, killed_in: tuple[type, str] | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk queue's metadata is stale (no sync since the messages were spilled); a kill -9
+    after a refill, between its append to the log and its commit, or before the append: the
+    restarted queue holds every message exactly once, in the log or on disk."""
+    dq = disk_queue(data_path, "t:c")
+    q = segment_queue(data_path, 0, 1 << 16, "channel", "t:c", dq)  # mem-queue-size 0: all to disk
+    q.put_many([message(b"m%d" % i) for i in range(30)])
+    dq.sync()
+    q.limit = 1000
+    assert len(q.take(5)[1]) == 5  # a refill, committed: only in shared memory, not in the metadata
+    if killed_in is not None:
+        def killed(*args: object) -> None:
+            raise _Killed
+        monkeypatch.setattr(*killed_in, killed)
+        with pytest.raises(_Killed):
+            q.take(10)
+        monkeypatch.undo()
+    _crash(q)
+    again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
+    again.recover()
+    got = []
+    while len(again):
+        got += [r[26:] for r in again.take(50)[1]]
+    assert sorted(got) == sorted(b"m%d" % i for i in range(30))
+    again.close(delete=True)
+
+
+@pytest.mark.parametrize("handing", ["put_many", "put_deferred"])
+def test_a_topic_killed_while_handing_messages_on_gives_no_channel_one_twice(
+        data_path: str, handing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Messages wait at a paused topic (40 ready, one deferred); on unpause the topic hands
+    them to channel a, and the process dies before channel b has them and before the topic
+    marks them done. After the restart each channel holds each message once."""
+    opts = NsqdOptions(data_path=data_path, mem_queue_size=1000)
+
+    def broker() -> Broker:
+        return Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+
+    first = broker()
+    topic = first.get_topic("t")
+    first.get_channel(topic, "a")
+    b = first.get_channel(topic, "b")
+    topic.pause()
+    def numbered(i: int) -> bytes:  # a message with its own id
+        return HEADER.pack(time.time_ns(), 0, b"%016x" % i) + b"m%d" % i
+    topic.put_many([numbered(i) for i in range(40)], 80)
+    topic.put_deferred(numbered(40), 60 * 10**9, time.monotonic_ns(), 5)
+    topic.unpause()
+    real = getattr(Channel, handing)
+
+    def dies_at_b(channel: Channel, *args: Any) -> None:
+        if channel is b:
+            raise _Killed
+        real(channel, *args)
+    monkeypatch.setattr(Channel, handing, dies_at_b)
+    with pytest.raises(_Killed):
+        topic.pump(time.monotonic_ns())
+    monkeypatch.undo()
+    _crash(first)
+    again = broker()
+    again.restore([("t", False, [("a", False), ("b", False)])])
+    topic = again.topics["t"]
+    while topic.depth:
+        topic.pump(time.monotonic_ns())
+    for channel in topic.channels.values():
+        assert channel.queue.live == len(channel.queue.live_ids()) == 41, channel
+    again.delete_topic("t")
 
 
 def test_dpub_into_a_full_log_survives_kill_9_of_the_tree(nsqd_factory: Callable[..., Daemon],

@@ -224,6 +224,7 @@ class Broker:
             log.info("TOPIC(%s): new channel(%s)", topic.name, name)
             if queue.recovering:
                 log.info("CHANNEL(%s): recovered %d messages", queue_name, channel.recover())
+                topic.recovered_channel(channel)
             self._changed("created", topic.name, name)
         return channel
 

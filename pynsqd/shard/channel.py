@@ -48,7 +48,7 @@ from typing import Any
 from pynsqd.shard.inflight import NO_IDS, DeferredQueue, Delivery, TimeoutWheel
 from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import MessageQueue
-from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT
+from pynsqd.shm.log import DEFERRED, IN_FLIGHT
 from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, ID_OFFSET
 from pynsqd.wire.names import is_ephemeral
 
@@ -136,7 +136,7 @@ class Channel:
                 log.warning("%r: shared memory full; a deferred message is held in memory", self)
                 pos = -1
         else:
-            self.queue.log.set_deferred(pos, wall)
+            self.queue.defer(pos, wall)
         self.deferred.push(due, record)
         self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = pos
 
@@ -229,7 +229,7 @@ class Channel:
         if not records:
             return 0
         sample = client.sample_rate
-        mark = self.queue.log.deliver
+        mark = self.queue.mark_in_flight
         ids: list[bytes] = []
         kept: list[int] = []
         out: list[tuple[bytes, int]] = []
@@ -275,10 +275,9 @@ class Channel:
         """FIN each of ``ids`` in order; returns [(id, nsqd's reason)] of those that failed."""
         in_flight = self.in_flight
         pop_pos = self.in_flight_pos.pop
-        states = self.queue.log.states
         e2e = self.e2e
         failed: list[tuple[bytes, str]] = []
-        done = 0
+        done: list[int] = []
         for msg_id in ids:
             delivery = in_flight.get(msg_id)
             if delivery is None or delivery.client is not client:
@@ -288,15 +287,14 @@ class Channel:
             delivery.live -= 1  # delivery.settle(), inline
             if not delivery.live:
                 delivery.ids = NO_IDS
-            pos = pop_pos(msg_id)
-            if e2e is not None:
-                e2e.add_timestamp(self.queue.log.timestamp_at(pos))
-            states[pos] = DONE
-            done += 1
+            done.append(pop_pos(msg_id))
         if done:
-            self.queue.finished(done)
-            client.in_flight_count -= done
-            client.finish_count += done
+            if e2e is not None:
+                for pos in done:
+                    e2e.add_timestamp(self.queue.timestamp_at(pos))
+            self.queue.finish_many(done)
+            client.in_flight_count -= len(done)
+            client.finish_count += len(done)
             self.notify_ready()
         return failed
 
@@ -307,7 +305,7 @@ class Channel:
         self.requeue_count += 1
         if delay > 0:
             # the log's copy carries this delivery's attempts (written in place)
-            self._defer(self.queue.log.message_at(pos)[2], now + delay, pos)
+            self._defer(self.queue.message_at(pos), now + delay, pos)
         else:
             self.queue.requeue(pos)
         self.notify_ready()
@@ -339,7 +337,7 @@ class Channel:
                     self.deferred.push(retry, record)
                     self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = -1
                 return
-            self.queue.unjournal(len(memory_only))
+            self.queue.unjournal(memory_only)
 
     # --- timers ---------------------------------------------------------------------------
     def process_timers(self, now: int) -> bool:

@@ -27,20 +27,25 @@ and the journal back as deferred records (after the segment's own, if one was le
 Spilled messages are read back with the backend's peek, stored in the log, then committed;
 when fewer fit than were read, only those are committed and the rest stay on disk, at the
 front, to be read again (nothing is written back, so a failing disk cannot lose them).
+The disk queue persists its read position only when it syncs, so the queue keeps it in its
+segment too (``pynsqd.shm.store.BackendMark``): before each append of a refill, the position
+past it with the log's write index; after the commit, the committed position. ``recover``
+hands the backend the position that matches the log (``DiskQueue.skip_to``), so a kill -9
+at any point reads no refilled message a second time.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Protocol
 
 from pynsqd.shm import sidecar as sidecar_file
 from pynsqd.shm.frames import Frames
 from pynsqd.shm.log import DEFERRED, DONE, READY, READY_HEADER, MessageLog
 from pynsqd.shm.segment import Segment
-from pynsqd.shm.store import open_log
+from pynsqd.shm.store import BackendMark, Position, open_log
 
 logger = logging.getLogger("pynsqd.shard")
 
@@ -53,6 +58,11 @@ class Backend(Protocol):
     def put_many(self, records: Sequence[bytes]) -> None: ...
     def peek_many(self, max_count: int) -> list[bytes]: ...
     def commit(self, count: int | None = None) -> None: ...
+    @property
+    def read_position(self) -> Position | None: ...
+    @property
+    def committed_position(self) -> Position | None: ...
+    def skip_to(self, position: Position) -> int: ...
     def empty(self) -> None: ...
     def delete(self) -> None: ...
     def close(self) -> None: ...
@@ -75,6 +85,11 @@ class DropBackend:
     def commit(self, count: int | None = None) -> None:
         pass
 
+    read_position = committed_position = None
+
+    def skip_to(self, position: Position) -> int:
+        return 0
+
     def empty(self) -> None:
         pass
 
@@ -95,7 +110,7 @@ class MessageQueue:
     """Ready messages in a shared-memory log, then the backend. ``put_many`` may raise the
     backend's error (then nothing was stored)."""
 
-    __slots__ = ("_done", "again", "backend", "cursor", "grow", "journal", "journaled", "largest", "limit",
+    __slots__ = ("_done", "_mark", "again", "backend", "cursor", "grow", "journal", "journaled", "largest", "limit",
                  "live", "log", "on_move", "ready", "recovering", "segment", "sidecar")
 
     def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
@@ -117,6 +132,8 @@ class MessageQueue:
         self.on_move: MoveHook | None = None
         self.largest = 4096  # the largest message seen coming back from the backend
         self.grow: Grow | None = None  # makes the log larger (``shm/sizing.Grower``), if it may
+        # where the backend has been read up to, kept in shared memory (durable queues only)
+        self._mark = None if segment is None or isinstance(backend, DropBackend) else BackendMark(segment)
 
     def __len__(self) -> int:
         return self.ready + self.backend.depth
@@ -130,6 +147,9 @@ class MessageQueue:
         pos -1 for a message of the sidecar that found no room in the log."""
         self.recovering = False
         ready, deferred, live = self.log.recover_states()
+        position = None if self._mark is None else self._mark.load(self.log.write_index)
+        if position is not None:  # the backend's metadata may be older: skip what the log holds
+            self.backend.skip_to(position)  # (only once the log proved whole: else they are read again)
         self.ready = ready
         self.live = live
         self.cursor = self.log.read_index
@@ -218,14 +238,20 @@ class MessageQueue:
             self.journaled += 1
         return pos
 
-    def unjournal(self, count: int) -> None:
-        """``count`` messages ``append`` journaled are stored elsewhere now (the log, the
-        backend, a channel); the journal is removed when none is left."""
-        if self.journal is None or count <= 0 or not self.journaled:
+    def unjournal(self, messages: Sequence[bytes]) -> None:
+        """``messages`` that ``append`` journaled are stored elsewhere now (the log, the
+        backend, a channel): struck off the journal (one write), which is removed when none
+        is left."""
+        if self.journal is None or not messages or not self.journaled:
             return
-        self.journaled = max(0, self.journaled - count)
+        self.journaled = max(0, self.journaled - len(messages))
         if not self.journaled:
             self._remove(self.journal)
+            return
+        try:
+            sidecar_file.strike_journal(self.journal, messages)
+        except OSError as exc:  # loaded again next time (a duplicate, never a loss)
+            logger.error("failed to update %s - %s", self.journal, exc)
 
     def _remove(self, path: str) -> None:
         try:
@@ -234,6 +260,28 @@ class MessageQueue:
             logger.error("failed to remove %s - %s", path, exc)
 
     # --- out --------------------------------------------------------------------------
+    def mark_in_flight(self, pos: int, attempts: int) -> None:
+        """The READY record at ``pos`` (from ``take``) is delivered: IN_FLIGHT, ``attempts``
+        written into its message."""
+        self.log.deliver(pos, attempts)
+
+    def defer(self, pos: int, due: int) -> None:
+        """The in-flight record at ``pos`` waits until ``due`` (wall-clock ns), in place."""
+        self.log.set_deferred(pos, due)
+
+    def message_at(self, pos: int) -> bytes:
+        """The message of the record at ``pos``, attempts as stored."""
+        return self.log.message_at(pos)[2]
+
+    def live_ids(self, among: Container[bytes] | None = None) -> set[bytes]:
+        """Ids of the messages in the log not yet done (only those in ``among``, if given);
+        one walk over the log, for recovery."""
+        return self.log.live_ids(among)
+
+    def timestamp_at(self, pos: int) -> int:
+        """The publish time (ns) of the message at ``pos``."""
+        return self.log.timestamp_at(pos)
+
     def requeue(self, pos: int) -> None:
         """Make the (in-flight or deferred) record at ``pos`` ready again, in place."""
         self.log.set_state(pos, READY)
@@ -294,6 +342,7 @@ class MessageQueue:
         as many as fit if each were as large as the largest seen so far."""
         log = self.log
         moved = 0
+        stalled = False  # nothing fit even after ``make_room``: try once more, then stop
         while moved < count and self.backend.depth:
             batch = min(count - moved, log.free_bytes // log.frame_of(self.largest))
             if batch <= 0:
@@ -310,16 +359,39 @@ class MessageQueue:
                 self._commit()  # a peek may have skipped a corrupt file
                 break
             self.largest = max(self.largest, *map(len, records))
-            n = log.append_ready(records)
-            if n < len(records) and self.make_room(log.frame_of(self.largest)):
-                n += log.append_ready(records[n:])
-            self.ready += n
-            self.live += n
+            n = self._move_in(records)
             moved += n
-            if n < len(records):  # still no room: the rest stays on disk, read again later
-                self._commit(n)
-                break
-            self._commit()  # only now: a crash before it reads them again (duplicates)
+            if n == len(records):
+                stalled = False
+            elif stalled or not self.make_room(log.frame_of(self.largest)):
+                break  # still no room: the rest stays on disk, read again later
+            else:
+                stalled = not n
+
+    def _move_in(self, records: list[bytes]) -> int:
+        """Append the backend's peeked ``records`` to the log and commit those that fit (all,
+        or the first ones: the rest are read again). Exact across a kill -9: before the
+        append, the mark in shared memory says where the backend's reading ends once the
+        log has them, with the log's write index before it; so a restart resumes reading
+        past them if the append was published, before them if not (``BackendMark``)."""
+        log = self.log
+        mark = log.mark()
+        if self._mark is not None:
+            self._mark.save(self.backend.committed_position or (0, 0), self.backend.read_position, mark[0])
+        n = log.append_ready(records)
+        if 0 < n < len(records):  # only some fit: append exactly those, under their own mark
+            log.rollback(mark)
+            self._commit(0)
+            try:
+                again = self.backend.peek_many(n)  # the same first ``n``: they fit
+            except Exception:
+                logger.exception("failed to read from %r", self.backend)
+                return 0
+            return self._move_in(again)
+        self.ready += n
+        self.live += n
+        self._commit(n if n < len(records) else None)  # a crash before this reads none twice
+        return n
 
     def _commit(self, count: int | None = None) -> None:
         """Consume what was peeked from the backend (only the first ``count``, if given)."""
@@ -327,15 +399,29 @@ class MessageQueue:
             self.backend.commit(count)
         except Exception:  # kept unconsumed: read again later (duplicates, never loss)
             logger.exception("failed to commit a read of %r", self.backend)
+        self._save_mark()
+
+    def _save_mark(self) -> None:
+        """Keep the backend's committed read position in shared memory (no syscall)."""
+        position = self.backend.committed_position
+        if self._mark is not None and position is not None:
+            self._mark.save(position)
 
     def finish(self, pos: int) -> None:
         """The record at ``pos`` is done (FIN, sampled out, handed on by a topic)."""
         self.log.states[pos] = DONE
-        self.finished(1)
+        self._finished(1)
 
-    def finished(self, count: int) -> None:
-        """``count`` records were marked DONE by the caller (``log.states[pos] = DONE``);
-        every ``RELEASE_EVERY`` of them the front of the log is released."""
+    def finish_many(self, positions: Sequence[int]) -> None:
+        """The records at ``positions`` are done (a run of FINs): one state byte each."""
+        states = self.log.states
+        for pos in positions:
+            states[pos] = DONE
+        self._finished(len(positions))
+
+    def _finished(self, count: int) -> None:
+        """``count`` records were marked DONE; every ``RELEASE_EVERY`` of them the front of
+        the log is released."""
         self.live -= count
         self._done += count
         if self._done >= RELEASE_EVERY:
@@ -392,6 +478,7 @@ class MessageQueue:
         self.ready = self.live = self._done = 0
         self.again.clear()
         self.backend.empty()
+        self._save_mark()
         self.journaled = 0
         for path in (self.sidecar, self.journal):
             if path is not None:
@@ -412,7 +499,7 @@ class MessageQueue:
             if deferred:
                 try:
                     self.backend.put_many([message for _, message in deferred])
-                    self.unjournal(len(deferred))
+                    self.unjournal([message for _, message in deferred])
                 except Exception:
                     logger.exception("%d deferred messages lost on exit", len(deferred))
             self.backend.close()

@@ -13,7 +13,9 @@ A channel may fail to take a message (its disk queue or its deferred journal ref
 write). Then nothing is lost and nothing is handed on twice: a message stays in the topic's
 queue (a ready one is made ready again in place, a deferred one stays waiting) until every
 channel holds it; ``handed`` remembers, per message id, which channels already took it, so
-a retry skips them. The pump logs the failure once, stops, and the owner's scan calls it
+a retry skips them. After a restart ``handed`` is rebuilt from the channels' logs
+(``recovered_channel``), which also covers a kill -9 between a channel's append and the
+topic's finish of the same messages. The pump logs the failure once, stops, and the owner's scan calls it
 again ``RETRY_NS`` later (``retry_due``) until the disk takes writes again. A publish that
 goes straight to the channels and fails at one of them is queued at the topic the same way
 (the channels before it keep their copy), so the publish still succeeds when the topic's
@@ -71,6 +73,17 @@ class Topic:
         if len(self.queue) or self.waiting_deferred:
             self._schedule(self)
         return self.depth
+
+    def recovered_channel(self, channel: Channel) -> None:
+        """``channel`` was recovered after this topic: the messages it already holds that
+        this topic still has waiting were being handed on when the previous process died
+        (between a channel's append and the topic's finish) or kept for channels that had
+        refused them. Note them in ``handed``, so the pump gives ``channel`` none twice."""
+        if not self.queue.live and not self.waiting_deferred:
+            return
+        waiting = self.queue.live_ids() | {r[ID_OFFSET:ID_OFFSET + 16] for r, _, _ in self.waiting_deferred}
+        for msg_id in channel.queue.live_ids(waiting):
+            self.handed.setdefault(msg_id, set()).add(channel.name)
 
     @property
     def flowing(self) -> bool:
@@ -151,14 +164,15 @@ class Topic:
         on so far are released and the rest keep waiting."""
         queue = self.queue
         waiting = self.waiting_deferred
-        done = held = 0
+        done = 0
+        held: list[bytes] = []
         try:
             for record, due, pos in waiting:
                 self._hand_on([record], _deferred_until(due))
                 if pos >= 0:
                     queue.finish(pos)
                 else:
-                    held += 1
+                    held.append(record)
                 done += 1
         finally:
             del waiting[:done]

@@ -21,7 +21,9 @@ stale metadata; opening repairs what it finds:
   writing moves to a fresh file so they are never overwritten;
 * no (or unreadable) metadata, files beyond the recorded write file, or a write file shorter
   than recorded: the files are scanned to rebuild the depth, writing moves to a fresh file;
-* a stale read position re-delivers records read since the last sync (at least once).
+* a stale read position re-delivers records read since the last sync (at least once),
+  unless the owner kept the committed position where a crash cannot lose it and hands it
+  back with ``skip_to`` (``pynsqd.shard.queue`` keeps it in shared memory).
 
 ``peek_many`` reads records without consuming them and ``commit`` consumes everything peeked
 (or only the first ``count``: the reader moves back and the rest are read again):
@@ -257,6 +259,49 @@ class DiskQueue:
             due, self._sync_due = self._sync_due or self._count >= self._sync_every, False
         if due:
             self._sync_requested()
+
+    @property
+    def read_position(self) -> tuple[int, int]:
+        """(file number, offset) just past the last record peeked: what ``committed_position``
+        becomes when everything peeked is committed."""
+        return self._read_file, self._read_pos
+
+    @property
+    def committed_position(self) -> tuple[int, int]:
+        """(file number, offset) of the last ``commit``: where a reopened queue goes on
+        reading once a sync has persisted it."""
+        return self._committed
+
+    def skip_to(self, position: tuple[int, int]) -> int:
+        """Go on reading at ``position``, a ``committed_position`` this queue had before a
+        crash that came before the sync persisting it (the owner kept it where a crash
+        cannot lose it). Call it after opening, before any peek. The records in between are
+        consumed: counted out of the depth, their files deleted by the next sync (which
+        persists the new position). Returns how many were skipped; 0, with nothing changed,
+        when ``position`` is not a record boundary between the read and the write position."""
+        file_num, pos = position
+        with self._lock:
+            self._check_open()
+            start = (self._read_file, self._read_pos)
+            if self._pending or not start < position <= (self._write_file, self._write_pos):
+                return 0
+            skipped = 0
+            for num in range(start[0], file_num + 1):
+                count, end, why = self._scanner.scan_file(
+                    num, start[1] if num == start[0] else 0, pos if num == file_num else None)
+                if why is not Stop.END or (num == file_num and end != pos):
+                    self._log.error("DISKQUEUE(%s) cannot resume reading at %d:%d (not a record "
+                                    "boundary); reading from %d:%d", self.name, *position, *start)
+                    return 0
+                skipped += count
+            self._reset_reader()
+            self._consumed += range(start[0], file_num)
+            self._read_file, self._read_pos = self._committed = position
+            self._depth = max(0, self._depth - skipped)
+            self._count += skipped  # the next sync persists the position
+        self._log.info("DISKQUEUE(%s) resuming reading at %d:%d, past %d record(s) read before "
+                       "the last sync", self.name, file_num, pos, skipped)
+        return skipped
 
     def _unpeek(self, keep: int) -> None:
         """Move the reader back to the committed position and past ``keep`` records again

@@ -28,7 +28,7 @@ which moves them to disk before the segment is removed (``pynsqd.shard.queue``).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 
 from pynsqd.shm.frames import FRAME, FRAME_SIZE, WRAP, Frames, RingError, check_frames, frame_records
 from pynsqd.shm.ring import HEADER_SIZE, ByteRing, Writable
@@ -375,6 +375,24 @@ class MessageLog(ByteRing):
                     ready.append(message)
             read = at + FRAME_SIZE + size + (-size & 7)
         return ready, deferred
+
+    def live_ids(self, among: Container[bytes] | None = None) -> set[bytes]:
+        """The message ids of every live record (not DONE), only those in ``among`` if given
+        (one walk over the log; for recovery). ``RingError`` if a frame is corrupt."""
+        buf = self._buf
+        write = self.write_index
+        read = self.read_index
+        out: set[bytes] = set()
+        at_id = STATE_SIZE + _ID_AT
+        while read < write:
+            at, pos, size = self._frame_at(read)
+            record = HEADER_SIZE + pos + FRAME_SIZE
+            if buf[record] != DONE:
+                msg_id = buf[record + at_id:record + at_id + 16].tobytes()
+                if among is None or msg_id in among:
+                    out.add(msg_id)
+            read = at + FRAME_SIZE + size + (-size & 7)
+        return out
 
     @staticmethod
     def frame_of(message_size: int) -> int:

@@ -26,9 +26,14 @@ the publish is acknowledged (a ``write`` survives kill -9 in the page cache)::
              4 bytes  CRC-32 of the message, big-endian
              n bytes  the message
 
-Reading stops at a torn or corrupt record (logged): a crash in the middle of an append
-loses only that append, which was not acknowledged. The queue removes the journal once
-every message in it is stored elsewhere, and loads it back at start like the sidecar.
+A message of the journal that is stored elsewhere since (the log, the disk queue, a
+channel) while others still wait is struck off with a record of the same shape whose due
+time is ``2**64 - 1`` and whose "message" is the 16-byte id of the one it strikes off (one
+``write`` for a batch), so a kill -9 brings back only what still waited. Reading stops at a
+torn or corrupt record (logged): a crash in the middle of an append loses only that append,
+which was not acknowledged (or, for a strike-off, repeats a message stored elsewhere). The
+queue removes the journal once every message in it is stored elsewhere, and loads it back
+at start like the sidecar.
 
 The sidecar is written to ``<file>.tmp``, fsynced, renamed over the file, and the directory is
 fsynced, so a reader sees the old file, the new file or none. A file that does not parse
@@ -50,6 +55,8 @@ _HEADER = struct.Struct(">8sII")
 _RECORD = struct.Struct(">QI")
 _CRC = struct.Struct(">I")
 _ENTRY = struct.Struct(">QII")
+_STRUCK = (1 << 64) - 1  # the due time of a journal record that strikes a message off
+_ID_AT = 10  # the message id's offset in NSQ's encoding
 
 Deferred = tuple[int, bytes]  # (due, wall-clock ns; message)
 
@@ -69,9 +76,19 @@ def journal_of(sidecar: str) -> str:
 
 def append_journal(path: str, due: int, message: bytes) -> None:
     """Append one deferred message to the journal at ``path``. Raises ``OSError``."""
+    _append(path, _ENTRY.pack(due, len(message), zlib.crc32(message)) + message)
+
+
+def strike_journal(path: str, messages: Sequence[bytes]) -> None:
+    """Note in the journal at ``path`` that ``messages`` (of it) are stored elsewhere now, in
+    one write: they are not loaded back. Raises ``OSError``."""
+    ids = [message[_ID_AT:_ID_AT + 16] for message in messages]
+    _append(path, b"".join(_ENTRY.pack(_STRUCK, len(i), zlib.crc32(i)) + i for i in ids))
+
+
+def _append(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        data = _ENTRY.pack(due, len(message), zlib.crc32(message)) + message
         if os.write(fd, data) != len(data):
             raise OSError(f"short write to {path}")
     finally:
@@ -96,6 +113,9 @@ def read_journal(path: str, log: logging.Logger) -> list[Deferred]:
         pos += _ENTRY.size + size
     if pos < len(data):
         log.error("deferred messages journal %s: torn or corrupt record at %d ignored", path, pos)
+    struck = {message for due, message in out if due == _STRUCK}
+    if struck:
+        out = [(due, m) for due, m in out if due != _STRUCK and m[_ID_AT:_ID_AT + 16] not in struck]
     return out
 
 

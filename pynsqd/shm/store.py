@@ -21,6 +21,15 @@ words cannot be stored at once, so the target values go to the name page first (
 journal at ``_GROWTH_AT``: magic, capacity, read, write) and are cleared after; ``open_log``
 finds a journal a kill -9 left and finishes the growth (or drops it, if the segment never
 grew: the header was not touched yet). Either way every record keeps its position.
+
+``BackendMark`` keeps, in the name page at ``_MARK_AT``, where the queue's disk queue has
+been read up to (committed), and, while spilled messages are being appended to the log, the
+position past them with the log's write index before the append. The disk queue persists its
+read position only when it syncs (every ``--sync-every`` operations or ``--sync-timeout``),
+but this page survives a kill -9: the next process resumes reading where the dead one had
+really got to, so what it moved into the log is not read a second time. Two slots and a
+sequence number: a slot is written whole, then the sequence that selects it is stored, so a
+kill -9 at any instruction leaves one whole slot selected (zeros mean no mark).
 """
 
 from __future__ import annotations
@@ -43,6 +52,11 @@ PAGE = mmap.PAGESIZE
 _GROWTH_AT = 2048  # in the name page (names are at most ~520 bytes)
 _GROWTH_MAGIC = b"PYNSQGRW"
 _GROWTH = struct.Struct("<QQQ")  # capacity, read, write
+_MARK_AT = 3072  # in the name page, after the growth journal
+_MARK_SEQ = struct.Struct("Q")  # native: one aligned 8-byte store
+# committed file, offset; then file, offset past an append in progress, log write index + 1 before it (0: none)
+_MARK = struct.Struct("QQQQQ")
+Position = tuple[int, int]
 
 
 def log_capacity(mem_queue_bytes: int, max_msg_size: int) -> int:
@@ -96,6 +110,37 @@ def _finish_growth(segment: Segment, log_: MessageLog) -> None:
         _with_area(segment, lambda area: log_.relayout(area, capacity, read, write))
         log.info("%s: finished growing its log to %d bytes", segment.name, capacity)
     buf[_GROWTH_AT:_GROWTH_AT + 8] = bytes(8)
+
+
+class BackendMark:
+    """Where a queue's disk queue has been read up to, in its segment (see the module doc)."""
+
+    __slots__ = ("_segment",)
+
+    def __init__(self, segment: Segment) -> None:
+        self._segment = segment
+
+    def save(self, committed: Position, after: Position | None = None, write_index: int = 0) -> None:
+        """The disk queue's read is committed up to ``committed``; with ``after``, messages up
+        to ``after`` are being appended to the log, whose write index was ``write_index``."""
+        buf = self._segment.buf
+        seq = _MARK_SEQ.unpack_from(buf, _MARK_AT)[0] + 1
+        pending = (0, 0, 0) if after is None else (*after, write_index + 1)
+        _MARK.pack_into(buf, _MARK_AT + 8 + (seq & 1) * _MARK.size, *committed, *pending)
+        _MARK_SEQ.pack_into(buf, _MARK_AT, seq)
+
+    def load(self, write_index: int) -> Position | None:
+        """Where reading goes on after a crash, given the log's ``write_index`` now: past an
+        append in progress if it reached the log, else the committed position; None when no
+        mark was saved."""
+        buf = self._segment.buf
+        seq = _MARK_SEQ.unpack_from(buf, _MARK_AT)[0]
+        if not seq:
+            return None
+        file_num, pos, after_file, after_pos, before = _MARK.unpack_from(buf, _MARK_AT + 8 + (seq & 1) * _MARK.size)
+        if before and write_index >= before:  # the append was published: the log has them
+            return after_file, after_pos
+        return file_num, pos
 
 
 def _write_name(buf: mmap.mmap, kind: str, name: str) -> None:
@@ -197,4 +242,4 @@ def claimed_names(data_path: str, queues: list[tuple[str, str]]) -> set[str]:
     return {segment_name(data_path, kind, name) for kind, name in queues}
 
 
-__all__ = ["claimed_names", "leftovers", "log_capacity", "open_log", "read_name", "unlink_segment"]
+__all__ = ["BackendMark", "claimed_names", "leftovers", "log_capacity", "open_log", "read_name", "unlink_segment"]
