@@ -28,13 +28,15 @@ stale metadata; opening repairs what it finds:
 ``peek_many`` reads records without consuming them and ``commit`` consumes everything peeked
 (or only the first ``count``: the reader moves back and the rest are read again):
 a sync persists only the committed read position (and counts uncommitted records in the
-depth), and a file read past is deleted once a committed position has left it, by the next
-sync attempt whether or not that sync could fsync and persist the metadata: its records are
-stored elsewhere, and on a full disk the metadata write is what fails, so space freed by
-consumption is usable at once (metadata left pointing into a deleted file is repaired at
-open: the missing file is skipped, the depth recounted). A caller that stores what it peeked
-elsewhere before committing sees duplicates after a crash at any point, never a loss
-(``read_many`` is the two in one call).
+depth), and a file read past is deleted once a committed position has left it, by the sync
+that persists that position. On a full disk the metadata write is what fails: the sync then
+deletes the files read past first (their records are stored elsewhere) and writes the
+metadata again into the space they freed, so consumption gives a full disk its space back at
+once. Should that write fail too, the files stay deleted and the metadata lags behind until
+a sync succeeds; opening repairs it (the missing files are skipped, the depth recounted), but
+after a reboot the records read from those files since the last sync are gone with whatever
+held them. A caller that stores what it peeked elsewhere before committing sees duplicates
+after a crash at any point, never a loss (``read_many`` is the two in one call).
 
 A record that cannot be parsed while reading (size outside [min, max], a torn record) makes
 the whole file ``<file>.bad`` (a missing file is skipped); reading goes on with the next file
@@ -286,7 +288,9 @@ class DiskQueue:
             if self._pending or not start < position <= (self._write_file, self._write_pos):
                 return 0
             skipped = 0
+            removed = False  # a file read past was removed before a sync could persist the move
             for num in range(start[0], file_num + 1):
+                removed = removed or (num < file_num and not os.path.exists(self._path(num)))
                 count, end, why = self._scanner.scan_file(
                     num, start[1] if num == start[0] else 0, pos if num == file_num else None)
                 if why is not Stop.END or (num == file_num and end != pos):
@@ -297,7 +301,11 @@ class DiskQueue:
             self._reset_reader()
             self._consumed += range(start[0], file_num)
             self._read_file, self._read_pos = self._committed = position
-            self._depth = max(0, self._depth - skipped)
+            if removed:  # the depth on disk still counts its records: count what is left
+                self._depth = (self._scanner.count_from(file_num, self._write_file, self._write_pos)
+                               - self._scanner.scan_file(file_num, 0, pos)[0])
+            else:
+                self._depth = max(0, self._depth - skipped)
             self._count += skipped  # the next sync persists the position
         self._log.info("DISKQUEUE(%s) resuming reading at %d:%d, past %d record(s) read before "
                        "the last sync", self.name, file_num, pos, skipped)
@@ -438,18 +446,31 @@ class DiskQueue:
                 os.fsync(fd)
             with self._sync_lock:
                 if seq > self._persisted_seq:   # else a newer state is already on disk
-                    self._persist(meta)
+                    try:
+                        self._persist(meta)
+                    except OSError:
+                        if not consumed:
+                            raise
+                        # a full disk: give back the space consumption freed, then try again
+                        # (if that fails too, the files stay removed; see the module doc)
+                        self._remove(consumed)
+                        consumed = []
+                        self._persist(meta)
                     self._persisted_seq = seq
+                self._remove(consumed)
+                consumed = []
         except OSError as exc:
             with self._lock:
                 self._count = max(self._count, 1)
+                self._consumed[:0] = consumed
             raise DiskQueueError(f"DISKQUEUE({self.name}) failed to sync - {exc}") from exc
         finally:
             for fd in fds:
                 _close(fd)
-            with self._sync_lock:   # whatever the sync did: their records are stored elsewhere
-                for num in consumed:
-                    _unlink(self._path(num), self._log)
+
+    def _remove(self, files: list[int]) -> None:
+        for num in files:
+            _unlink(self._path(num), self._log)
 
     def maybe_sync(self, now_ns: int) -> bool:
         """Sync if anything happened and ``sync_timeout`` has passed since the last sync.
