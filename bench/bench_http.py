@@ -9,12 +9,11 @@ microseconds per request (if that is high, the generator is taking cores from th
 
 ``--loadgen wrk`` (the default when ``wrk`` is installed: ``apt-get install wrk``) drives the
 same requests from wrk instead (``bench/wrk.py``), the standard C tool, as a cross-check of the
-Python generator (each costs ~20 µs of CPU per request here: mostly the kernel's). wrk runs
-one thread unless ``--procs`` says otherwise. Its 50 connections under one epoll cost 13-17 µs
-of CPU per request against 21-26 µs for two threads: on this 2-core host the generator shares
-the server's cores, so the leaner one leaves more of them to the server (``/pub`` on two shards,
-6 runs each, alternating: median 25.4k req/s with one thread, 23.5k with two). At the end the
-node's ``/stats`` must hold at least as many messages as were answered ``OK``.
+Python generator. wrk runs one thread unless ``--procs`` says otherwise: its connections under
+one epoll cost less CPU per request than spread over two threads, and on a small host the
+generator shares the server's cores, so the leaner one leaves more of them to the server
+(docs/benchmarks.md). At the end the node's ``/stats`` must hold at least as many messages
+as were answered ``OK``.
 
   .venv/bin/python bench/bench_http.py --runfor 10 --connections 50 --repeat 3
 """

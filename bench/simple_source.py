@@ -3,9 +3,8 @@
 
 Spark's simple reader builds every row in its one driver-side runner process: ``read(start)``
 returns the batch's rows as a list of tuples, and Spark ships them to the JVM with the plan.
-SPARK-NOTES.md gives its ceiling on this kind of machine (130-150k rows/s, measured against a
-different broker); this class runs it against pynsqd in the same bench run as the ``nsq``
-source, so the two are compared on the same broker, machine and load.
+This class runs it against pynsqd in the same bench run as the ``nsq`` source, so the two
+designs are compared on the same broker, machine and load.
 
 It is a faithful at-least-once source, not a stub: the same ``Feed`` (batch consumer, TOUCH of
 held messages), the same offsets (``{"seq", "hb"}``), FIN in ``commit(end)`` after Spark made

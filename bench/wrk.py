@@ -1,10 +1,9 @@
 """Drive ``wrk`` (the C HTTP load generator, Debian package ``wrk``) for one bench phase.
 
 ``bench_http.py`` has its own load generator in Python; wrk is the standard tool for the job,
-a cross-check that the figure is the server's and not our generator's. Measured on the 2-core
-machine, wrk costs ~18-21 µs of CPU per request against the Python generator's 20-25: on
-either side most of a request is the kernel's send, receive and wake-up, so the tool saves
-little CPU. It keeps one request outstanding per connection (no pipelining), like the Python
+a cross-check that the figure is the server's and not our generator's. Both print their own
+CPU per request; on either side most of a request is the kernel's send, receive and wake-up,
+so the C tool saves little CPU. It keeps one request outstanding per connection (no pipelining), like the Python
 generator and like a client that waits for ``OK``.
 
 ``run`` writes a Lua script that makes every request a POST of the given body, runs wrk,

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.admin_helpers import Cluster, Graphite, Notifications, addr, cluster, free_port
-from tests.harness import Daemon, wait_for
-from tests.rawclient import RawClient
+from tests.support.admin_helpers import Cluster, Graphite, Notifications, addr, cluster, free_port
+from tests.support.harness import Daemon, wait_for
+from tests.support.rawclient import RawClient
 
 
 @pytest.fixture(scope="module")

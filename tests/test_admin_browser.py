@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.admin_helpers import AuthProxy, Cluster, Graphite, addr, cluster
-from tests.harness import Daemon, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.admin_helpers import AuthProxy, Cluster, Graphite, addr, cluster
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.rawclient import RawClient
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

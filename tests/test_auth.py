@@ -1,4 +1,4 @@
-"""AUTH against a real auth server (tests/authserver.py): grants, denials, expiry and
+"""AUTH against a real auth server (tests/support/authserver.py): grants, denials, expiry and
 refresh, server failures, GET and POST, TLS common names; and the state alone."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 
 from pynsqd.shard.auth import AuthError, AuthState
 from pynsqd.wire.commands import encode_auth, encode_dpub, encode_identify, encode_mpub, encode_pub, encode_sub
-from tests.authserver import AuthServer, grant
-from tests.certs import Certs
-from tests.harness import Daemon, wait_for
-from tests.rawclient import RawClient
-from tests.test_clients import ClientProc, consume, publish
+from tests.support.authserver import AuthServer, grant
+from tests.support.certs import Certs
+from tests.support.harness import Daemon, wait_for
+from tests.support.rawclient import RawClient
+from tests.test_foreign_clients import ClientProc, consume, publish
 
 PUB_T = ("^t$", [".*"], ["publish"])
 SUB_T = ("^t$", ["^ch$"], ["subscribe"])

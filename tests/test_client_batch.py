@@ -12,8 +12,8 @@ from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE, HEARTBEAT, HEARTBEAT_FRAME, encode_frame
 from pynsqd.wire.message import encode_message
 from tests.conftest import run_async
-from tests.harness import Daemon
-from tests.test_client import channel_stats, tcp, until
+from tests.support.harness import Daemon
+from tests.test_client_library import channel_stats, tcp, until
 
 
 def message_frame(i: int, body: bytes | None = None) -> bytes:

@@ -9,8 +9,8 @@ import httpx
 
 from pynsqd.client import Consumer, Producer
 from tests.conftest import run_async
-from tests.harness import Daemon, scaled
-from tests.test_client import tcp, until
+from tests.support.harness import Daemon, scaled
+from tests.test_client_library import tcp, until
 from tests.test_discovery import lookup, lookupd_factory, node_address, registered_nsqd  # noqa: F401
 
 

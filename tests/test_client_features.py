@@ -21,12 +21,12 @@ from pynsqd.client import (
     TLSOptions,
     TransportError,
 )
-from tests.authserver import AuthServer, grant
-from tests.certs import Certs
 from tests.conftest import run_async
-from tests.fake_nsqd import FakeNsqd
-from tests.harness import Daemon, scaled
-from tests.test_client import tcp, until
+from tests.support.authserver import AuthServer, grant
+from tests.support.certs import Certs
+from tests.support.fake_nsqd import FakeNsqd
+from tests.support.harness import Daemon, scaled
+from tests.test_client_library import tcp, until
 from tests.test_features_wire import client_stats
 from tests.test_tools import procs, start  # noqa: F401  (procs: the fixture)
 

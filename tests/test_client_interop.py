@@ -7,9 +7,9 @@ import pytest
 
 from pynsqd.client import Consumer, Producer
 from tests.conftest import run_async
-from tests.harness import Daemon, wait_for
-from tests.test_client import tcp, until
-from tests.test_clients import KINDS, ClientProc, _client_count, consume, publish
+from tests.support.harness import Daemon, wait_for
+from tests.test_client_library import tcp, until
+from tests.test_foreign_clients import KINDS, ClientProc, _client_count, consume, publish
 
 pytestmark = pytest.mark.clients
 

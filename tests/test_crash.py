@@ -16,8 +16,8 @@ import pytest
 
 from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_req
-from tests.harness import Daemon, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +27,7 @@ DEFER_MS = 15000  # outlasts a SIGTERM (up to 5 s waiting for FINs) and a restar
 def pynsq_publish(nsqd: Daemon, topic: str, count: int, prefix: str) -> None:
     """Publish ``count`` bodies ``<prefix><i>`` with pynsq (MPUB of 100) in its own process."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "clients" / "pynsq_app.py"), "pub", "--nsqd",
+        [sys.executable, str(ROOT / "tests" / "support" / "clients" / "pynsq_app.py"), "pub", "--nsqd",
          "{}:{}".format(*nsqd.tcp), "--topic", topic, "--count", str(count), "--mpub", "100", "--prefix", prefix],
         capture_output=True, timeout=scaled(60), text=True)
     assert out.stdout.strip() == f"published {count}", out.stderr

@@ -21,7 +21,7 @@ from pynsqd.lookupd.config import LookupdOptions
 from pynsqd.lookupd.config import parse_args as lookupd_args
 from pynsqd.shard.config import LOG_LEVELS, NsqdOptions
 from pynsqd.shard.config import parse_args as nsqd_args
-from tests.harness import Daemon, remove_segments
+from tests.support.harness import Daemon, remove_segments
 
 CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "config"
 

@@ -1,7 +1,7 @@
 """deploy/docker: the Dockerfile builds (broker and spark targets) and the compose file runs the
 whole cluster — 2 nsqlookupd, 3 nsqd, nsqadmin, Prometheus with pynsqd's rules, a Spark
 standalone master and worker, and nsq_spark_pipeline reading over the lookupds — on a real
-Docker engine (``tests/containers.py``: how the engine and the images are had here). The compose
+Docker engine (``tests/support/containers.py``: how the engine and the images are had here). The compose
 file is used as it is, with its image names and published ports set by its own variables.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.containers import BASE_IMAGE, PREFIX, Engine
-from tests.harness import scaled, wait_for
+from tests.support.containers import BASE_IMAGE, PREFIX, Engine
+from tests.support.harness import scaled, wait_for
 
 MESSAGES = 300  # published over the three nodes, read by the Spark pipeline
 

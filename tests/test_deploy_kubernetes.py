@@ -20,11 +20,11 @@ from pynsqd.admin.config import parse_args as admin_args
 from pynsqd.lookupd.config import parse_args as lookupd_args
 from pynsqd.shard.config import parse_args as nsqd_args
 from pynsqd.supervisor.arbiter import SHUTDOWN_DEADLINE
-from tests.harness import scaled
+from tests.support.harness import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"
-JS = ROOT / "tests" / "js"
+JS = ROOT / "tests" / "support" / "js"
 MIB = 1 << 20
 INBOUND_RING = 16 * MIB  # one per ordered pair of shards (docs/architecture.md, Cross-shard publish)
 
@@ -74,7 +74,7 @@ def test_rendered_objects_are_valid_kubernetes(path: str) -> None:
 
 def validate_custom(objects: list[dict[str, Any]]) -> None:
     if shutil.which("node") is None or not (JS / "node_modules" / "@kubernetes-models").is_dir():
-        pytest.skip("node or tests/js/node_modules missing (scripts/setup installs them with npm)")
+        pytest.skip("node or tests/support/js/node_modules missing (scripts/setup installs them with npm)")
     done = subprocess.run(["node", "validate_crds.mjs"], input=json.dumps(objects), capture_output=True, text=True,
                           cwd=JS, timeout=scaled(60))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -93,7 +93,7 @@ def test_the_validators_catch_mistakes() -> None:
     monitor = by_kind(render(KUBE / "overlays" / "prometheus-operator"))[("PodMonitor", "nsqd")]
     monitor["spec"]["podMetricsEndpoints"][0]["port"] = 4151
     if shutil.which("node") is None or not (JS / "node_modules" / "@kubernetes-models").is_dir():
-        pytest.skip("node or tests/js/node_modules missing (scripts/setup installs them with npm)")
+        pytest.skip("node or tests/support/js/node_modules missing (scripts/setup installs them with npm)")
     done = subprocess.run(["node", "validate_crds.mjs"], input=json.dumps([monitor]), capture_output=True, text=True,
                           cwd=JS, timeout=scaled(60))
     assert done.returncode == 1 and "must be string" in done.stdout

@@ -22,8 +22,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.harness import Daemon, remove_segments, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.harness import Daemon, remove_segments, scaled, wait_for
+from tests.support.rawclient import RawClient
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = ROOT / "deploy" / "prometheus"

@@ -11,7 +11,7 @@
   real node makes while it publishes, delivers over two shards and stops (``strace -f``) is
   one the unit allows, so the sandbox still lets it run;
 - and the units under systemd itself (Debian's, booted in a container on the Docker engine of
-  ``tests/containers.py``): they start (``Type=notify``), serve as ``nsq``, survive a kill -9
+  ``tests/support/containers.py``): they start (``Type=notify``), serve as ``nsq``, survive a kill -9
   of the node with its queues, and stop cleanly.
 """
 
@@ -32,9 +32,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.containers import BASE_IMAGE, PREFIX, Engine
-from tests.harness import Daemon, remove_segments, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.containers import BASE_IMAGE, PREFIX, Engine
+from tests.support.harness import Daemon, remove_segments, scaled, wait_for
+from tests.support.rawclient import RawClient
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "deploy" / "systemd"

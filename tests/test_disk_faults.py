@@ -20,8 +20,8 @@ import pytest
 
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub
 from pynsqd.wire.frames import FRAME_RESPONSE
-from tests.harness import Daemon, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.rawclient import RawClient
 
 
 @pytest.fixture

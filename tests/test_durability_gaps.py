@@ -1,6 +1,6 @@
-"""Kill -9 at the two places that used to lose messages: a deferred message that finds no
-room in a full shared-memory log (now journaled on disk before it is acknowledged), and a
-batch read back from the disk queue (now peeked, stored, then committed). A crash is
+"""Kill -9 at the two places where a message lives outside the shared-memory log: a deferred
+message that finds no room in a full log (journaled on disk before it is acknowledged), and
+a batch read back from the disk queue (peeked, stored, then committed). A crash is
 simulated by dropping the objects without closing them and reopening the same shared-memory
 segment and data path, as a restarted process would."""
 
@@ -26,8 +26,8 @@ from pynsqd.shm.log import DEFERRED, MessageLog
 from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.commands import encode_dpub, encode_fin
 from pynsqd.wire.message import HEADER
-from tests.harness import Daemon, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.rawclient import RawClient
 
 log = logging.getLogger("test.gaps")
 

@@ -23,8 +23,8 @@ import pytest
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_req
 from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE
 from pynsqd.wire.message import decode_message
-from tests.harness import Daemon, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.rawclient import RawClient
 
 TOPIC, CHANNEL = "exact", "ch"
 PUBLISHED = 2000

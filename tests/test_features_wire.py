@@ -16,9 +16,9 @@ import pytest
 from pynsqd.wire.commands import encode_identify, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.compression import DeflateCodec, SnappyCodec
 from pynsqd.wire.frames import FRAME_RESPONSE
-from tests.certs import Certs
-from tests.harness import Daemon
-from tests.rawclient import RawClient
+from tests.support.certs import Certs
+from tests.support.harness import Daemon
+from tests.support.rawclient import RawClient
 
 
 def client_stats(nsqd: Daemon) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""nsqd's HTTP API against the real server (NSQ's http_test.go behaviours, NSQ-FACTS §2)."""
+"""nsqd's HTTP API against the real server (NSQ's nsqd/http_test.go behaviours)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pynsqd.shard.stats import format_text, rfc3339
 from pynsqd.wire.commands import encode_fin, encode_pub
-from tests.harness import Daemon, scaled, wait_for
-from tests.rawclient import RawClient
-from tests.test_clients import ClientProc, consume
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.rawclient import RawClient
+from tests.test_foreign_clients import ClientProc, consume
 
-# The key lists of nsqd v1.3's /stats JSON (NSQ-FACTS §2.2), in order.
+# The key lists of nsqd v1.3's /stats JSON (nsqd/stats.go), in order.
 TOP_KEYS = ["version", "health", "start_time", "topics", "memory", "producers"]
 MEMORY_KEYS = ["heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes",
                "gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes", "gc_total_runs"]

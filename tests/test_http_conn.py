@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.harness import Daemon, scaled
+from tests.support.harness import Daemon, scaled
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ import psutil
 import pytest
 
 from pynsqd.httpkit import HEAD_LIMIT, HEAD_TOO_LARGE, MAX_HEADER_FIELDS, VERSION_NOT_SUPPORTED
-from tests.certs import Certs
-from tests.harness import Daemon, remove_segments, scaled, wait_for
-from tests.lookupd_helpers import BASE_ARGS
+from tests.support.certs import Certs
+from tests.support.harness import Daemon, remove_segments, scaled, wait_for
+from tests.support.lookupd_helpers import BASE_ARGS
 
 DAEMONS = ("nsqd", "nsqlookupd", "nsqadmin")
 

@@ -19,8 +19,8 @@ from pynsqd.shm.segment import Segment, list_segments, segment_name, unlink_segm
 from pynsqd.shm.sizing import Grower, Host, HostRoom, LogSizing, plan
 from pynsqd.wire.commands import encode_mpub
 from pynsqd.wire.message import HEADER
-from tests.harness import Daemon, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.rawclient import RawClient
 from tests.test_durability_gaps import disk_queue
 
 GiB = 1 << 30
@@ -179,7 +179,7 @@ def test_the_plan_is_the_explicit_bound_or_half_of_what_the_host_has() -> None:
                     "and grows to hold that many messages, up to 3.0 GiB (half of the smaller of /dev/shm's "
                     "8.0 GiB and the 6.0 GiB of memory available)")
     tiny = plan(0, 1 << 20, Host(shm_total=16 * MiB, shm_free=16 * MiB, mem_available=GiB))
-    assert tiny.ceiling == tiny.initial  # a log never starts smaller than it used to
+    assert tiny.ceiling == tiny.initial  # the ceiling never falls below the initial size
 
 
 def test_host_room_counts_what_this_nodes_segments_could_still_fill(data_path: str) -> None:

@@ -11,8 +11,8 @@ import pytest
 from pynsqd import NSQ_VERSION
 from pynsqd.httpkit import go_json, parse_query
 from pynsqd.wire.lookup import IdentifyInfo, encode_register
-from tests.harness import Daemon
-from tests.lookupd_helpers import Producer, http, lookupd
+from tests.support.harness import Daemon
+from tests.support.lookupd_helpers import Producer, http, lookupd
 
 NSQ_HEADER = "nsq; version=1.0"
 JSON = "application/json; charset=utf-8"

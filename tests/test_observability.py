@@ -14,9 +14,9 @@ import pytest
 
 from pynsqd.shard.statsd import StatsdLines, packets, statsd_prefix
 from pynsqd.wire.commands import encode_fin, encode_pub, encode_rdy, encode_req, encode_sub
-from tests.certs import Certs
-from tests.harness import Daemon, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.certs import Certs
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.rawclient import RawClient
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from pynsqd.wire.commands import encode_fin, encode_mpub, encode_pub, encode_req
-from tests.harness import Daemon
-from tests.rawclient import RawClient
+from tests.support.harness import Daemon
+from tests.support.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 
 

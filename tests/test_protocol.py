@@ -1,5 +1,5 @@
 """Protocol V2 against the real server process, frame by frame (NSQ's protocol_v2_test.go
-behaviours, NSQ-FACTS §3 and §5)."""
+behaviours)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from pynsqd.wire.commands import (
     encode_sub,
     encode_touch,
 )
-from tests.harness import Daemon, connect, wait_for
-from tests.rawclient import RawClient
+from tests.support.harness import Daemon, connect, wait_for
+from tests.support.rawclient import RawClient
 
 
 def stats(nsqd: Daemon, **params: str) -> dict[str, Any]:

@@ -15,8 +15,8 @@ import pytest
 
 from pynsqd.shm.ring import ByteRing, buffer_size
 from pynsqd.shm.segment import MAX_NAME, Segment, SegmentError, list_segments, segment_name, unlink_segment
-from tests.harness import wait_for
-from tests.shm_worker import payload
+from tests.support.harness import wait_for
+from tests.support.shm_worker import payload
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_producer_and_consumer_processes_move_200k_records(data_path: str) -> No
     procs = []
     try:
         for role in ("consume", "produce"):
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.shm_worker", role, name, str(count)],
+            procs.append(subprocess.Popen([sys.executable, "-m", "tests.support.shm_worker", role, name, str(count)],
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         # done when both exit; a failed worker ends the wait at once
         wait_for(lambda: all(p.poll() is not None for p in procs) or any(p.poll() for p in procs),

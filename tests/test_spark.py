@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from pynsqd.client import SyncProducer
-from tests.harness import Daemon, wait_for
-from tests.spark_helpers import (
+from tests.support.harness import Daemon, wait_for
+from tests.support.spark_helpers import (
     Pipeline,
     channel_stats,
     consume,
@@ -376,7 +376,6 @@ def test_pipeline_on_a_standalone_cluster(nsqd_factory: Callable[..., Daemon], t
 
 def test_nsq_to_file_archives_are_read_by_sparks_native_text_json_and_file_stream(
         spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
-    pytest.importorskip("pynsqd.tools.nsq_to_file", reason="nsq_to_file is not on this branch yet")
     import json
     import signal
     import subprocess

@@ -27,12 +27,12 @@ from pynsqd.shm.segment import list_segments
 from pynsqd.supervisor.control import PROXY_WAIT
 from pynsqd.wire.commands import encode_auth, encode_dpub, encode_fin, encode_mpub, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE
-from tests.authserver import AuthServer, grant
-from tests.certs import Certs
 from tests.conftest import run_async
-from tests.harness import Daemon, remove_segments, scaled, wait_for
-from tests.nodeclient import Consumer, Producer
-from tests.rawclient import Message, RawClient
+from tests.support.authserver import AuthServer, grant
+from tests.support.certs import Certs
+from tests.support.harness import Daemon, remove_segments, scaled, wait_for
+from tests.support.nodeclient import Consumer, Producer
+from tests.support.rawclient import Message, RawClient
 
 NodeFactory = Callable[..., Daemon]
 

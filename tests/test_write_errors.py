@@ -1,5 +1,5 @@
 """Disk write errors (RLIMIT_FSIZE: the kernel refuses to grow a file, EFBIG) on the paths
-that used to lose or repeat messages: a refill from the disk queue whose leftovers could
+where a failed write could lose or repeat messages: a refill from the disk queue whose leftovers could
 not be written back, a deferred message a topic hands to a channel whose journal write
 fails, a publish one channel takes and the next refuses, and an oversize cross-shard batch
 split into several ring records.
@@ -28,8 +28,8 @@ from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_rdy
 from pynsqd.wire.frames import FRAME_RESPONSE
 from pynsqd.wire.message import HEADER
-from tests.harness import Daemon, scaled, wait_for
-from tests.rawclient import RawClient
+from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.rawclient import RawClient
 
 
 @pytest.fixture

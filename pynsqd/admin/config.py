@@ -33,7 +33,7 @@ def _at_least_100ms(value: int) -> str | None:
 
 @dataclasses.dataclass
 class AdminOptions(DaemonLogFlags):
-    """The options of one nsqadmin, as NSQ v1.3 names them (see NSQ-FACTS §1.3)."""
+    """The options of one nsqadmin, as NSQ v1.3 names them (NSQ's ``apps/nsqadmin/main.go``)."""
 
     log_prefix: str = log_prefix_flag("nsqadmin")
 

@@ -1,4 +1,4 @@
-"""What the client tells nsqd in IDENTIFY (go-nsq's defaults, NSQ-FACTS §8) and the features
+"""What the client tells nsqd in IDENTIFY (go-nsq's defaults) and the features
 it negotiates there: TLS, snappy or deflate, and the AUTH secret sent afterwards."""
 
 from __future__ import annotations

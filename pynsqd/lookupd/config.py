@@ -17,7 +17,7 @@ from pynsqd.shared_flags import DaemonLogFlags, log_prefix_flag, non_negative, p
 
 @dataclasses.dataclass
 class LookupdOptions(DaemonLogFlags):
-    """The options of one nsqlookupd, as NSQ v1.3 names them (see NSQ-FACTS §1.2)."""
+    """The options of one nsqlookupd, as NSQ v1.3 names them (NSQ's ``apps/nsqlookupd/main.go``)."""
 
     log_prefix: str = log_prefix_flag("nsqlookupd")
 

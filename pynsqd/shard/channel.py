@@ -55,7 +55,7 @@ from pynsqd.wire.names import is_ephemeral
 log = logging.getLogger("pynsqd.shard")
 
 CHUNK = 256  # messages handed to one consumer per turn of a pump
-PUMP_BUDGET = 16 * CHUNK  # messages one pump hands out before it yields the loop (~10 ms)
+PUMP_BUDGET = 16 * CHUNK  # messages one pump hands out before it yields the loop
 
 _unpack_attempts = ATTEMPTS.unpack_from
 

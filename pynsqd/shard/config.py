@@ -60,7 +60,7 @@ def _non_negative(value: int) -> str | None:
 
 @dataclasses.dataclass
 class NsqdOptions:
-    """The options of one nsqd node, as NSQ v1.3 names them (see NSQ-FACTS §1.1)."""
+    """The options of one nsqd node, as NSQ v1.3 names them (NSQ's ``apps/nsqd/options.go``)."""
 
     log_level: str = flag("log-level", "info", "set log verbosity: debug, info, warn, error, or fatal",
                           validate=_one_of(*LOG_LEVELS), parse=_lower)

@@ -6,17 +6,17 @@ Every record starts ``[1B kind][2B topic length][topic][8B due ns][4B body bytes
 (big-endian); ``due`` is 0 for a batch that is not deferred, ``count`` 0 means "create the
 topic". What follows depends on the kind:
 
-* ``"F"`` (written since the framed cross-shard path): the ``count`` messages as READY
+* ``"F"``: the ``count`` messages as READY
   records of a ``MessageLog`` — per message ``[u32 size][u32 size ^ 0xFFFFFFFF][16-byte
   READY state header][message][pad to 8]`` — exactly the bytes ``append_ready`` would write
   (``shm/log.frame_ready``). The producer frames the batch once; the owner checks the run
   once (``shm/log.check_ready``: frame lengths, lead, sizes, count, exact end) and each
-  channel whose log can take it whole appends it with one copy. Before, the producer
-  packed a length per message, the owner cut the batch back into one ``bytes`` per message
-  (a Python step per message, ~0.24 µs) and each log framed them again (~0.3-0.5 µs).
-* ``"D"`` (batches of fewer than ``FRAMED_MIN`` messages, and older releases): ``count``
-  times ``([4B length][message])``.
-* ``"P"`` (older still): as ``"D"``, but the 8 bytes are the delay, counted from the drain.
+  channel whose log can take it whole appends it with one copy: no step per message on
+  either side, and no second framing per log.
+* ``"D"`` (batches of fewer than ``FRAMED_MIN`` messages): ``count`` times ``([4B
+  length][message])``.
+* ``"P"`` (written by older releases only): as ``"D"``, but the 8 bytes are the delay,
+  counted from the drain.
 
 ``"D"`` and ``"P"`` are still read, so a ring an older release left is drained. ``decode``
 of an ``"F"`` record returns a ``Frames`` (``shm/frames.py``): a sequence of the messages
@@ -34,9 +34,8 @@ from pynsqd.shm.frames import RingError
 from pynsqd.shm.log import check_ready, frame_ready
 
 FRAMED = b"F"
-# Framing and checking a run has a fixed cost (~10 µs) that pays off from a few dozen
-# messages on (per message, framed vs "D": 16.4 vs 5.3 µs for one, 1.3 vs 0.9 for 32, 0.40
-# vs 0.72 for 64, 0.23 vs 0.62 for 200); a /pub or a small MPUB is written as "D".
+# Framing and checking a run has a fixed cost per record that only pays off from a few dozen
+# messages on (docs/benchmarks.md); a /pub, a PUB or a small MPUB is written as "D".
 FRAMED_MIN = 64
 _HEAD = struct.Struct(">H")
 _TAIL = struct.Struct(">QII")

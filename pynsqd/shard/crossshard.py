@@ -33,7 +33,7 @@ not from when the owner drains the ring (the owner may be restarting).
 The record (``shard/crossrecord.py``) carries the topic, the due time, the body bytes, the
 count and the messages already framed as READY records of the owner's ``MessageLog``: the
 producer frames the batch once, the owner checks the run once and hands it to the topic as
-the message list it used to get; each log the topic puts it in (its channels', or its own
+its message list (a ``Frames`` is a sequence of messages); each log the topic puts it in (its channels', or its own
 while it has no channel, is paused or has messages waiting) appends it with one copy when it
 can take it whole without ``make_room`` (``MessageQueue.put_many``); anything else — a wrap,
 a full log, a spill to disk, a deferred batch, a channel that refuses — reads the run as the

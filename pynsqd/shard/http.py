@@ -1,4 +1,4 @@
-"""nsqd's HTTP API over a shard, as NSQ v1.3 serves it (NSQ-FACTS §2.0 to 2.2).
+"""nsqd's HTTP API over a shard, as NSQ v1.3 serves it (NSQ's ``nsqd/http.go`` and ``internal/http_api``).
 
 Theory of operation
 -------------------

@@ -1,4 +1,4 @@
-"""``nsqd.dat``: the topics and channels of a node, and which are paused (NSQ-FACTS §4.3).
+"""``nsqd.dat``: the topics and channels of a node, and which are paused (NSQ's ``nsqd/nsqd.go``).
 
 Same file and JSON as nsqd, so a data path moves between nsqd and pynsqd::
 

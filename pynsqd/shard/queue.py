@@ -15,11 +15,10 @@ released. When the log is out of room while most of it is DONE behind a long-liv
 at the front, ``make_room`` moves that record to the write end (``on_move`` tells the
 owner, which holds positions of in-flight and deferred messages).
 
-A durable queue (one with a ``sidecar`` path) does not leave its messages in shared memory
-on a clean ``close``: ready and in-flight records go to the disk queue (attempts as
-stored), deferred ones with their due times to the sidecar file (``pynsqd.shm.sidecar``);
-only when both are on disk is the segment unlinked, so a kill -9 in between gives
-duplicates, never loss, and a reboot after a clean stop loses nothing. A deferred message
+A durable queue (one with a ``sidecar`` path) leaves nothing in shared memory on a clean
+``close`` (``_persist``, step 3 of docs/architecture.md's "Clean shutdown"): the segment is
+unlinked only once its records are on disk, so a kill -9 in between gives duplicates, never
+loss, and a reboot after a clean stop loses nothing. A deferred message
 that finds no room in the log while the process runs is appended to the queue's journal
 (``pynsqd.shm.sidecar``) before it is acknowledged; the owner holds it in memory and the
 journal goes once all of its messages are stored elsewhere. ``recover`` loads the sidecar

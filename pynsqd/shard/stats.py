@@ -1,4 +1,4 @@
-"""``/stats`` in NSQ v1.3's exact JSON shape, built from a shard's state (NSQ-FACTS §2.2).
+"""``/stats`` in NSQ v1.3's exact JSON shape, built from a shard's state (NSQ's ``nsqd/stats.go``).
 
 Keys and their order follow nsqd's structs, so nsqadmin, nsq_stat and anything else that
 reads nsqd's ``/stats`` reads ours. Topics and channels are sorted by name.

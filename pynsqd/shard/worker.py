@@ -26,11 +26,10 @@ turns; disk syncs run on a worker thread (``syncer.py``). A shard silent for 1.5
 new HTTP connections; one that stops beating for ``PYNSQD_SHARD_TIMEOUT`` is killed by the
 supervisor, and one whose scan raised exits with status 1 to be restarted.
 
-Exit (``quiesce`` then ``exit`` from the supervisor, or SIGTERM when run alone): stop
-delivering (every consumer is put in CLS's closing state), wait a bounded time for the
-messages in flight to be FINed or REQed, stop HTTP, close clients; then drain the inbound
-rings, close every queue (their logs stay in shared memory, in-flight and deferred records
-as they are, for the next start; disk queues are synced), send the final topic snapshot.
+Exit: ``quiesce`` (``_stop_serving``: stop delivering, wait a bounded time for FINs, stop
+HTTP, close clients) then ``exit`` (drain the inbound rings, close every queue, send the
+final snapshot), from the supervisor, or both at once on SIGTERM when run alone; what each
+queue keeps, and where, is docs/architecture.md's "Clean shutdown".
 """
 
 from __future__ import annotations

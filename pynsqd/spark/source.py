@@ -60,14 +60,14 @@ from pynsqd.spark.spool import Segment, arrow_batches, runner_dir, write_spool
 
 # A Trigger.AvailableNow run waits this long for the first messages, and counts the topic as
 # drained after a quiet period this long. Both cover a slow start on a busy host (connect, SUB,
-# a new connection's RDY 1 until its first delivery raises it): a 1 s quiet period once ended a
+# a new connection's RDY 1 until its first delivery raises it): a short quiet period can end a
 # run after its first message under load. The cost is this many idle seconds at the end of a
 # batch-style run.
 AVAILABLE_NOW_WAIT = 5.0
 AVAILABLE_NOW_QUIET = 5.0
 # The runner's first latestOffset comes right after its consumer started connecting, so it would
-# find nothing and Spark would run an empty batch 0 (a whole micro-batch cycle, 300-700 ms here)
-# before the first data. It waits up to this long for a batch's worth of messages instead.
+# find nothing and Spark would run an empty batch 0 (a whole micro-batch cycle) before the
+# first data. It waits up to this long for a batch's worth of messages instead.
 FIRST_BATCH_WAIT = 0.5
 
 

@@ -27,12 +27,9 @@ one-line error and exit status 1; anything else is restarted after a back-off th
 with each death that came soon after a start (0.1 s … 10 s), and SIGKILL is logged as a
 possible OOM kill.
 
-Shutdown, under one deadline (``SHUTDOWN_DEADLINE``): stop accepting; ``quiesce`` every shard
-(it stops delivering, waits up to ``FIN_WAIT`` for in-flight messages to be FINed or REQed,
-stops HTTP and closes its clients, so nothing publishes any more, anywhere); ``exit``
-every shard (it drains its inbound rings, requeues in-flight and deferred messages and
-flushes every queue to disk); wait, then SIGKILL stragglers and log how many; save
-``nsqd.dat``, close the lookupd registration, release the data-path lock.
+``exit`` is the node's clean shutdown under ``SHUTDOWN_DEADLINE``: stop accepting, ``quiesce``
+then ``exit`` every shard, SIGKILL stragglers, save ``nsqd.dat``, close the registration, keep
+only non-empty rings, unlock. docs/architecture.md ("Clean shutdown") describes it whole.
 """
 
 from __future__ import annotations

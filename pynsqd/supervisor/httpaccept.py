@@ -3,12 +3,10 @@
 Theory of operation
 -------------------
 Every shard serves the whole HTTP API, so any shard may take any HTTP connection; what
-matters is that they share the connections evenly. They used to accept from one shared
-listening socket. Then the kernel wakes every shard for a new connection, and whichever
-calls ``accept`` first takes everything queued. A burst of keep-alive connections, such as
-a client's pool or a 50-connection benchmark, then landed unevenly. ``wrk -c50`` against a
-2-shard node split 50/0, 38/12, 24/26, 31/19, 50/0 and 38/12 in six runs, and one core
-served what two should.
+matters is that they share the connections evenly. A listening socket shared by the shards
+does not: the kernel wakes every shard for a new connection, and whichever calls ``accept``
+first takes everything queued, so a burst of keep-alive connections (a client's pool, a
+50-connection benchmark) often lands on one shard and one core serves what two should.
 
 ``HTTPAcceptor`` accepts here instead and sends each connection to the next ready shard, round
 robin, as an ``SCM_RIGHTS`` descriptor on its control channel (``serve_http``; the shard's
@@ -16,15 +14,15 @@ robin, as an ``SCM_RIGHTS`` descriptor on its control channel (``serve_http``; t
 wake-up accepts what is queued and sends each shard its share in one message, so a connection
 costs the supervisor about one ``accept``; its requests never pass through the supervisor.
 While no shard takes connections, nothing is accepted: new connections wait in the kernel's
-backlog, as they did before.
+backlog.
 
 A shard takes connections when it is ready, reachable and beating
 (``Slot.takes_connections``). A shard that dies takes its own connections with it (their
 clients reconnect) and gets no new ones until it is ready again; connections whose hand-off
 fails because it died after its turn was taken go to another shard instead of being closed. A
 shard whose loop has not beaten for ``STALL_AFTER`` (stopped, or stuck in one long call) is
-passed over until it beats again, so a stuck shard does not swallow new connections. A shared
-socket had that property for free: a shard that is not running does not call ``accept``.
+passed over until it beats again, so a stuck shard does not swallow new connections (what a
+shared socket gives for free: a shard that is not running does not call ``accept``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ line on stderr and exit 1), sets up logging, and runs the body on uvloop with a 
 that SIGINT/SIGTERM set; ``Tool.main`` is the console-script entry point.
 
 ``--consumer-opt name,value`` (and ``--producer-opt``) takes go-nsq ``Config`` option names
-(NSQ-FACTS §8) and maps them onto ``pynsqd.client.Consumer``/``Producer`` arguments, including
+(go-nsq's ``config.go``) and maps them onto ``pynsqd.client.Consumer``/``Producer`` arguments, including
 TLS (``tls_v1``, ``tls_root_ca_file``, ``tls_insecure_skip_verify``, ``tls_cert``, ``tls_key``,
 ``tls_min_version``), compression (``snappy``, ``deflate``, ``deflate_level``) and
 ``auth_secret``. A value that cannot be honoured (a CA file that cannot be read, snappy with

@@ -121,8 +121,7 @@ class IdFactory:
                 room = self._seq_max
             take = min(room, count)
             # the sequence field is zero below it, so ``|`` is ``+``: the ids are a range,
-            # hex-encoded in one call and cut into 16s (0.178 µs an id against 0.313 for a
-            # b"%016x" each: next_ids(200), in-process)
+            # packed and hex-encoded in one call and cut into 16s (no format call per id)
             first = (self._tick << _TS_SHIFT) | prefix | shard | (self._seq << shard_bits)
             digits = struct.pack(f">{take}Q", *range(first, first + (take << shard_bits), 1 << shard_bits)).hex()
             text = digits.encode()

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from tests.harness import scaled, wait_for
+from tests.support.harness import scaled, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 COMPOSE = ROOT / "deploy" / "docker" / "compose.yaml"
 BASE_CACHE = Path("/var/cache/pynsqd-test/debian-bookworm-python3.tar")
@@ -144,7 +144,7 @@ def _base_image(engine: Engine) -> None:
 def _context(engine: Engine) -> Path:
     """A build context as .dockerignore lets it through, plus a wheelhouse made by the host's pip."""
     ctx = engine.workdir / "context"
-    files = subprocess.run(["git", "ls-files", "-z", "pyproject.toml", "README.md", "pynsqd", "pyspark_nsq",
+    files = subprocess.run(["git", "ls-files", "-z", "pyproject.toml", "README.md", "LICENSE", "pynsqd", "pyspark_nsq",
                             ".dockerignore"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
     for name in filter(None, files):
         target = ctx / name.decode()

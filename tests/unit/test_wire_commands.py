@@ -1,4 +1,4 @@
-"""CommandParser and the command encoders against nsqd's exact behaviour (NSQ-FACTS §3.1, §3.2).
+"""CommandParser and the command encoders against nsqd's exact behaviour (protocol_v2.go).
 
 Every parse goes through ``parse3``: the whole input at once, one byte at a time, and (for
 input that ends on a command boundary) with a following command's bytes appended; all three

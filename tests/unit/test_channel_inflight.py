@@ -78,8 +78,8 @@ def test_deliver_then_fin_in_one_run_leaves_nothing_held() -> None:
 
 def test_a_pump_yields_the_loop_after_its_budget_and_schedules_the_rest() -> None:
     """A consumer with room for everything gets ``PUMP_BUDGET`` messages per pump; the channel
-    asks for another turn until all are out, each delivered once (a single pump used to hand
-    out a whole 300k-message window, blocking the loop for over a second)."""
+    asks for another turn until all are out, each delivered once (one pump never hands out a
+    whole large window, which would block the loop for as long)."""
     total = 2 * PUMP_BUDGET + 100
     scheduled: list[Channel] = []
     log = MessageLog(bytearray(buffer_size(8 << 20)), init=True)

@@ -1,5 +1,5 @@
 """Fuzz both parsers against one rule: parse, or report a documented ProtocolError — nothing
-else — and the way the input is chunked never changes the outcome (STYLE.md item 15)."""
+else — and the way the input is chunked never changes the outcome."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 // An nsqjs (npm) publisher/consumer run by the interop tests as a separate process.
-// Same arguments as tests/clients/pynsq_app.py:
+// Same arguments as tests/support/clients/pynsq_app.py:
 //   pub --nsqd H:P --topic T --count N [--mpub B] [--defer MS]
 //   sub --nsqd H:P --topic T --channel C [--max-in-flight K] [--req-first] [--touch] [--msg-timeout MS] [--count N]
 //   both: [--tls --ca FILE [--cert PEM]] [--snappy | --deflate [--deflate-level N]] [--auth-secret S]

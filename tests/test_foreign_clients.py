@@ -1,6 +1,6 @@
 """Clients nobody here wrote — pynsq (PyPI) and nsqjs (npm) — against the real server.
 
-Each client runs as its own process (``tests/clients/pynsq_app.py``, ``tests/js/client.js``,
+Each client runs as its own process (``tests/support/clients/pynsq_app.py``, ``tests/support/js/client.js``,
 same arguments); consumers print one JSON line per finished message.
 """
 
@@ -19,21 +19,21 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import Daemon, scaled, wait_for
+from tests.support.harness import Daemon, scaled, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-NSQJS = ROOT / "tests" / "js" / "node_modules" / "nsqjs"
+NSQJS = ROOT / "tests" / "support" / "js" / "node_modules" / "nsqjs"
 
 pytestmark = pytest.mark.clients
 
 
 def _command(kind: str) -> list[str]:
     if kind == "pynsq":
-        return [sys.executable, str(ROOT / "tests" / "clients" / "pynsq_app.py")]
+        return [sys.executable, str(ROOT / "tests" / "support" / "clients" / "pynsq_app.py")]
     node = shutil.which("node")
     if node is None or not NSQJS.exists():
         pytest.skip("node or nsqjs not installed (scripts/setup installs nsqjs)")
-    return [node, str(ROOT / "tests" / "js" / "client.js")]
+    return [node, str(ROOT / "tests" / "support" / "js" / "client.js")]
 
 
 class ClientProc:

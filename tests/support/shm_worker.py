@@ -1,6 +1,6 @@
 """A producer or consumer process for a ByteRing in a shared-memory segment (tests only).
 
-``python -m tests.shm_worker produce NAME COUNT`` puts COUNT records of varying sizes, each
+``python -m tests.support.shm_worker produce NAME COUNT`` puts COUNT records of varying sizes, each
 ``[u64 index][u32 crc32 of payload][payload]``, spinning politely while the ring is full;
 ``consume NAME COUNT`` takes them (alternating ``take_many`` and ``peek_many``/``consume``),
 checks order and checksums, and prints ``ok <count> <xor of crcs>``.

@@ -25,8 +25,8 @@ from pynsqd.client import (
 )
 from pynsqd.wire.commands import encode_touch
 from tests.conftest import run_async
-from tests.fake_nsqd import FakeNsqd
-from tests.harness import Daemon, scaled
+from tests.support.fake_nsqd import FakeNsqd
+from tests.support.harness import Daemon, scaled
 
 T = scaled(10)
 

@@ -22,7 +22,7 @@ import httpx
 
 from pynsqd.client import Consumer, Message, SyncProducer
 from tests.conftest import run_async
-from tests.harness import Daemon, scaled, wait_for
+from tests.support.harness import Daemon, scaled, wait_for
 
 
 def make_session() -> Any:

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.certs import Certs
-from tests.harness import Daemon, wait_for
-from tests.test_clients import ClientProc, channel_stats, consume, publish
+from tests.support.certs import Certs
+from tests.support.harness import Daemon, wait_for
+from tests.test_foreign_clients import ClientProc, channel_stats, consume, publish
 
 pytestmark = pytest.mark.clients
 

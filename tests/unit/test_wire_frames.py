@@ -1,4 +1,4 @@
-"""Frames, the message encoding and message ids (NSQ-FACTS §3.1)."""
+"""Frames, the message encoding and message ids (nsqd's protocol_v2.go and message.go)."""
 
 from __future__ import annotations
 

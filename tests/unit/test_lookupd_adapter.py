@@ -16,7 +16,7 @@ from pynsqd.lookupd.registry import RegistrationDB
 from pynsqd.lookupd.tcp import LookupProtocol
 from pynsqd.wire.lookup import MAGIC, OK, PING, ResponseReader
 from tests.conftest import run_async
-from tests.harness import scaled
+from tests.support.harness import scaled
 
 LOG = logging.getLogger("test.lookupd.adapter")
 PINGS = 50_000

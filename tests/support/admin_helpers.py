@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from tests.harness import Daemon, remove_segments, wait_for
+from tests.support.harness import Daemon, remove_segments, wait_for
 
 
 class QuietHandler(BaseHTTPRequestHandler):
