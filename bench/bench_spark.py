@@ -7,8 +7,9 @@ source: N messages are published to a fresh nsqd (``--max-rdy-count`` raised so 
 stay in flight until the next one commits it; the shared-memory log sized so the backlog stays
 in memory) into a channel that already exists (``--new-channel``: before it exists), then one
 streaming query reads them with ``format("nsq")`` into the ``noop`` sink (or Parquet with
-``--parquet``). ``rows_s``: the clock runs from ``start()`` until nsqd reports every message
-FINed (so it includes the query's start-up and the commit of the last batch);
+``--parquet``; through the pipeline's deduplication with ``--dedupe-window``). ``rows_s``:
+the clock runs from ``start()`` until nsqd reports every message FINed (so it includes the
+query's start-up and the commit of the last batch);
 ``steady_rows_s``: from the first FIN seen to the last. ``simple``: the same run through the
 baseline ``SimpleDataSourceStreamReader`` (``simple_source.py``: rows built in the driver-side
 runner), on the same node and session, alternating which source goes first. sink:
@@ -98,6 +99,10 @@ def source_run(spark: Any, args: argparse.Namespace, tcp: int, http: int, topic:
           .option("channel", "bench").option("maxBatch", str(args.max_batch))
           .option("maxInFlight", str(3 * args.max_batch)).option("partitions", str(args.partitions))
           .option("minBatch", str(args.min_batch)).load())
+    if args.dedupe_window:
+        from pynsqd.spark.dedupe import dedupe
+
+        df = dedupe(df, args.dedupe_window)
     writer = df.writeStream.option("checkpointLocation", f"{tmp}/ckpt-{topic}")
     writer = writer.format("parquet").option("path", f"{tmp}/out-{topic}") if args.parquet else writer.format("noop")
     if args.trigger_ms:
@@ -153,6 +158,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--min-batch", type=int, default=0, help="source option minBatch (0: off)")
     parser.add_argument("--parquet", action="store_true", help="source into Parquet instead of noop")
+    parser.add_argument("--dedupe-window", default="",
+                        help="source: drop repeated ids within this Spark interval, as nsq_spark_pipeline's "
+                             "--dedupe-window does (e.g. '10 minutes'; default: off)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=["source", "sink"], help="measure one side only")
     parser.add_argument("--source", choices=["nsq", "simple", "both"], default="both",

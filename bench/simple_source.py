@@ -11,7 +11,7 @@ held messages), the same offsets (``{"seq", "hb"}``), FIN in ``commit(end)`` aft
 the batch durable, the heartbeat offset that commits the last batch before an idle period,
 ``maxBatch`` messages at most per batch, and the same schema. What it lacks against the ``nsq``
 source is the design difference being measured: rows are decoded in the runner (one Python
-tuple and ``datetime`` per message) instead of spooled as frames and parsed by executors with
+tuple and ``datetime`` per message) instead of framed, served to executors and parsed there with
 Arrow. ``readBetweenOffsets`` (a replay after a restart, on an executor) returns nothing, as
 the ``nsq`` source's replay does: nsqd redelivers the un-FINed messages. Registered as
 ``format("nsq_simple")`` by ``register``; Spark's Python workers must be able to import this
@@ -28,8 +28,8 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.types import StructType
 
 from pynsqd.spark.options import SourceOptions
+from pynsqd.spark.parts import SCHEMA_DDL
 from pynsqd.spark.source import FIRST_BATCH_WAIT
-from pynsqd.spark.spool import SCHEMA_DDL
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -8,13 +8,13 @@ Every process of the source (the driver-side runner, executor Python workers) ap
 (``pynsqd.spark.trace``). This merges them and, for the runner with the most batches (or
 ``--runner``), prints one row per micro-batch, in milliseconds:
 
-- ``take``: ``latestOffset`` — taking buffered messages and writing the spool files (ours);
+- ``take``: ``latestOffset`` — taking buffered messages and framing them into served parts (ours);
 - ``offlog``: ``latestOffset`` returned → ``commit`` of the previous batch (Spark writes
   ``offsets/``);
 - ``fin``: ``commit`` — the FINs of the previous batch handed to the connections (ours);
 - ``plan``: ``commit`` returned → ``partitions`` (Spark plans the batch);
 - ``sched``: ``partitions`` → the first executor ``read`` (task launch);
-- ``read``: first ``read`` start → last ``read`` end (executors parse the spool into Arrow, the
+- ``read``: first ``read`` start → last ``read`` end (executors fetch the parts and parse them into Arrow, the
   JVM consumes it);
 - ``done``: last ``read`` end → the next ``latestOffset`` (Spark commits the sink and
   ``commits/``, then triggers the next batch);
@@ -69,7 +69,7 @@ def cycles(events: list[Event], runner: int) -> list[dict[str, float]]:
     reads: dict[str, list[float]] = defaultdict(list)
     for t, _, name, fields in events:
         if name in ("read.in", "read.out"):
-            reads[fields["path"].split("-")[0].lstrip("0") or "0"].append(t)
+            reads[fields["part"].split("-")[0].lstrip("0") or "0"].append(t)
     marks: list[tuple[float, str, dict[str, str]]] = [(t, n, f) for t, _, n, f in mine]
     starts = [i for i, (_, name, _) in enumerate(marks) if name == "latest.in"]
     rows: list[dict[str, float]] = []

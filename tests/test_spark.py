@@ -23,10 +23,12 @@ from tests.support.harness import Daemon, wait_for
 from tests.support.spark_helpers import (
     Pipeline,
     channel_stats,
+    committed,
+    committed_count,
     consume,
+    kill_between_commit_and_fin,
     make_session,
     publish,
-    start_standalone,
 )
 
 pytestmark = pytest.mark.spark
@@ -52,24 +54,6 @@ def stream(spark: Any, nsqd: Daemon, topic: str, channel: str, fmt: str = "nsq",
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
-
-
-def committed(spark: Any, path: Path) -> Any:
-    """What the Parquet file sink committed (its metadata log hides uncommitted files)."""
-    log = path / "_spark_metadata"
-    if not log.exists() or not any(f.name.isdigit() for f in log.iterdir()):
-        return None
-    from pyspark.errors import AnalysisException
-
-    try:
-        return spark.read.parquet(str(path))
-    except AnalysisException:  # the logged batches wrote no file yet (empty heartbeat batches)
-        return None
-
-
-def committed_count(spark: Any, path: Path) -> int:
-    df = committed(spark, path)
-    return 0 if df is None else int(df.count())
 
 
 def test_source_100k_messages_into_parquet_every_id_once_and_fin_only_after_commit(
@@ -347,31 +331,39 @@ def test_pipeline_command_from_the_readme_survives_a_kill_and_restart(
     assert "date" in result.columns  # partitioned by date
 
 
-def test_pipeline_on_a_standalone_cluster(nsqd_factory: Callable[..., Daemon], tmp_path: Path,
-                                          spark: Any) -> None:
-    nsqd = nsqd_factory()
-    url, procs = start_standalone(tmp_path / "cluster")
+def test_pipeline_with_a_dedupe_window_writes_each_message_once_across_a_crash_between_commit_and_fin(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """The driver dies after a batch's rows were committed and before its FIN: nsqd delivers
+    those messages again after the restart, and ``--dedupe-window`` drops them."""
+    nsqd = nsqd_factory("--max-rdy-count=30000")
+    total = 20_000
+    publish(nsqd, "orders", (b"d%05d" % i for i in range(total)))
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    args = [f"--nsqd-tcp-address={addr(nsqd)}", "--topic=orders", "--dedupe-window=10m",
+            "--sql=SELECT id, attempts, timestamp, CAST(body AS STRING) AS line FROM nsq",
+            f"--output-dir={out}", f"--checkpoint-dir={ckpt}", "--max-batch=3000", "--max-in-flight=10000",
+            "--msg-timeout=3s", "--trigger-interval=2s"]
+    log = tmp_path / "pipeline.log"
+    first = Pipeline(args, log)
     try:
-        total = 5000
-        publish(nsqd, "clustered", (b"c%04d" % i for i in range(total)))
-        out = tmp_path / "out"
-        pipeline = Pipeline([f"--nsqd-tcp-address={addr(nsqd)}", "--topic=clustered", f"--master={url}",
-                             "--sql=SELECT id, timestamp, CAST(body AS STRING) AS line FROM nsq",
-                             f"--output-dir={out}", f"--checkpoint-dir={tmp_path / 'ckpt'}"],
-                            tmp_path / "pipeline.log")
-        try:
-            def done() -> bool:
-                assert pipeline.proc.poll() is None, pipeline.output()
-                df = committed(spark, out)
-                return df is not None and df.select("line").distinct().count() == total
-            wait_for(done, timeout=180, interval=1.0, what="the cluster's output")
-        finally:
-            assert pipeline.interrupt() == 0, pipeline.output()
-        app_logs = list((tmp_path / "cluster" / "work").glob("app-*/*/stderr"))
-        assert app_logs, "no executor ran on the worker"
+        kill_between_commit_and_fin(first, ckpt, data_batches=2)
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        first.kill()
+    assert 0 < committed_count(spark, out) < total
+    second = Pipeline(args, log)
+    try:
+        def all_there() -> bool:
+            assert second.proc.poll() is None, second.output()
+            stats = channel_stats(nsqd, "orders", "nsq_spark_pipeline")
+            return (stats.get("depth") == 0 and stats.get("in_flight_count") == 0
+                    and committed_count(spark, out) >= total)
+        wait_for(all_there, timeout=180, interval=1.0, what="every message committed after the restart")
+    finally:
+        second.kill()
+    result = committed(spark, out)
+    assert result.filter("attempts > 1").count() > 0  # messages did come back from nsqd
+    assert result.count() == total
+    assert {r.line for r in result.select("line").collect()} == {f"d{i:05d}" for i in range(total)}
 
 
 def test_nsq_to_file_archives_are_read_by_sparks_native_text_json_and_file_stream(

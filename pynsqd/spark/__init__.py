@@ -1,7 +1,7 @@
 """``pynsqd.spark``: NSQ for Apache Spark (PySpark ≥ 4.0, the optional ``spark`` extra).
 
 Owns the ``nsq`` data source — a streaming source that is at-least-once end to end
-(``source.py``, ``feed.py``, ``spool.py``) and a batch/streaming sink (``sink.py``) — and the
+(``source.py``, ``feed.py``, ``parts.py``, ``server.py``) and a batch/streaming sink (``sink.py``) — and the
 ``nsq_spark_pipeline`` command (``pipeline.py``). The broker never imports it.
 
 Registration: installing ``pynsqd[spark]`` installs the top-level module ``pyspark_nsq``,

@@ -11,7 +11,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourc
 from pyspark.sql.types import StructType
 
 from pynsqd.spark.options import SinkOptions, SourceOptions
-from pynsqd.spark.spool import SCHEMA_DDL
+from pynsqd.spark.parts import SCHEMA_DDL
 
 
 class NSQDataSource(DataSource):

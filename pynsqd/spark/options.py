@@ -8,8 +8,6 @@ the query's error.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -63,7 +61,8 @@ class SourceOptions:
     max_in_flight: int
     msg_timeout_ms: int
     partitions: int
-    spool_dir: str
+    driver_host: str = ""  # "": chosen like spark.driver.host (server.default_host)
+    driver_port: int = 0  # 0: any free port
     min_batch: int = 0  # 0: a batch takes whatever arrived since the last one
     max_batch_delay_ms: int = 0
 
@@ -85,7 +84,9 @@ class SourceOptions:
         if min_batch > max_batch:
             raise ValueError(f"option minBatch={min_batch} must not exceed maxBatch={max_batch}")
         max_delay = _int(opts, "maxBatchDelay", DEFAULT_MAX_BATCH_DELAY_MS, minimum=0)
-        spool = opts.get("spoolDir") or os.path.join(tempfile.gettempdir(), "pynsqd-spark-spool")
+        port = _int(opts, "driverPort", 0, minimum=0)
+        if port > 65535:
+            raise ValueError(f"option driverPort={port} is not a TCP port")
         return cls(
             nsqd=tuple(nsqd), lookupd=tuple(lookupd),
             topic=_name(opts, "topic"),
@@ -93,7 +94,8 @@ class SourceOptions:
             max_batch=max_batch, max_in_flight=max_in_flight,
             msg_timeout_ms=_int(opts, "msgTimeout", 60_000, minimum=1000),
             partitions=_int(opts, "partitions", 2),
-            spool_dir=spool, min_batch=min_batch, max_batch_delay_ms=max_delay,
+            driver_host=opts.get("driverHost") or "", driver_port=port,
+            min_batch=min_batch, max_batch_delay_ms=max_delay,
         )
 
 

@@ -18,7 +18,8 @@ continue where the last committed batch ended. Every ``--progress-interval`` a l
 batches, rows, rows/s and lag (the age of the newest message in the last batch). SIGINT or
 SIGTERM only sets an event; the main loop then stops the query and Spark, and exits 0.
 Messages of a batch that was not committed when it stopped come back from nsqd after their
-timeout (at-least-once; dedupe on ``id``).
+timeout (at-least-once); ``--dedupe-window`` drops the rows whose ``id`` was already written
+within the window (``dedupe.py``), so a crash and restart inside it leaves no duplicate rows.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, NoReturn
 from pynsqd.options import SECOND, UsageError, flag, resolve, run_cli
 
 PROG = "nsq_spark_pipeline"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
 def _required(value: str) -> str | None:
@@ -67,6 +69,8 @@ class PipelineOptions:
     msg_timeout: int = flag("msg-timeout", 60 * SECOND, "message timeout asked of nsqd", kind="duration")
     progress_interval: int = flag("progress-interval", 5 * SECOND, "how often to print progress",
                                   kind="duration")
+    dedupe_window: int = flag("dedupe-window", 0, "drop rows whose id was already written within this long "
+                              "(0: off; at-least-once)", kind="duration")
 
 
 def build_source(spark: Any, opts: PipelineOptions) -> Any:
@@ -79,12 +83,21 @@ def build_source(spark: Any, opts: PipelineOptions) -> Any:
         reader = reader.option("nsqdTCPAddresses", ",".join(opts.nsqd_tcp_addresses))
     if opts.lookupd_http_addresses:
         reader = reader.option("lookupdHTTPAddresses", ",".join(opts.lookupd_http_addresses))
+    # executors fetch each batch from the source's runner, on the driver's host: where they
+    # reach Spark's driver (spark.driver.host, SPARK_LOCAL_IP), they reach it
+    driver_host = spark.conf.get("spark.driver.host", "")
+    if driver_host:
+        reader = reader.option("driverHost", driver_host)
     return reader.load()
 
 
 def transform(spark: Any, opts: PipelineOptions, df: Any) -> Any:
     from pyspark.sql import functions as F
 
+    if opts.dedupe_window:
+        from pynsqd.spark.dedupe import dedupe
+
+        df = dedupe(df, f"{opts.dedupe_window // 1_000_000} milliseconds")
     if opts.sql:
         df.createOrReplaceTempView("nsq")
         df = spark.sql(opts.sql)
@@ -156,6 +169,10 @@ def run(argv: list[str]) -> int:
         builder = builder.master(opts.master)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if not spark.sparkContext.getConf().contains(SHUFFLE_PARTITIONS):
+        # --dedupe-window's state is kept in this many partitions (fixed by the first run's
+        # checkpoint); Spark's default, 200, would run 200 tasks per micro-batch
+        spark.conf.set(SHUFFLE_PARTITIONS, str(spark.sparkContext.defaultParallelism))
     # After the session: SparkContext installs its own SIGINT handler (cancel jobs, raise
     # KeyboardInterrupt); ours only sets an event, and the main loop stops the query.
     stop = threading.Event()
@@ -166,7 +183,8 @@ def run(argv: list[str]) -> int:
     register(spark)  # auto-registration covers local runs; a cluster launched from here needs it
     started = time.monotonic()
     query = start_query(opts, transform(spark, opts, build_source(spark, opts)))
-    print(f"{PROG}: started query {query.id} ({opts.topic}/{opts.channel})", flush=True)
+    print(f"{PROG}: started query {query.id} ({opts.topic}/{opts.channel}) in application "
+          f"{spark.sparkContext.applicationId}", flush=True)
     status = 0
     try:
         interval = opts.progress_interval / 1e9

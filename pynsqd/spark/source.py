@@ -10,17 +10,20 @@ executors in fresh, unpickled copies that share nothing with the runner.
 
 Offsets are ``{"seq": n, "hb": k}``. ``latestOffset`` takes up to ``maxBatch`` (or the
 engine's ``ReadMaxRows``) buffered messages — as the client delivered them, ``MessageBatch``es
-of undecoded frames — spools the frames into ``partitions`` files (``spool.py``) named for the
-new ``seq`` and returns ``{"seq": n + 1, "hb": 0}``; the messages stay in flight, held.
-``partitions(start, end)`` lists those files; executors parse them into Arrow batches in
-parallel. Spark calls ``commit(end)`` while planning the *next* batch, after
-the sink's commit and the ``commits/`` log entry for ``end`` are durable: only then does the
-runner FIN the batch's messages and delete its files. So:
+of undecoded frames — frames them into ``partitions`` parts (``parts.py``) keyed by the new
+``seq``, serves them from memory (``server.py``) and returns ``{"seq": n + 1, "hb": 0}``; the
+messages stay in flight, held. ``partitions(start, end)`` lists those parts with the runner's
+address; executors fetch them over TCP and parse them into Arrow batches in parallel, so no
+storage is shared between the driver and the executors. Spark calls ``commit(end)`` while
+planning the *next* batch, after the sink's commit and the ``commits/`` log entry for ``end``
+are durable: only then does the runner FIN the batch's messages and stop serving its parts.
+So:
 
-- a crash before ``commit`` leaves the messages un-FINed: nsqd redelivers them after their
-  timeout, and the restarted query re-plans the logged batch, whose spool files belong to the
-  dead runner (each runner spools into its own directory), so it reads nothing twice from the
-  spool; nothing is lost, some ids may arrive twice (dedupe on ``id``);
+- a crash before ``commit`` leaves the messages un-FINed: nsqd redelivers them (at once when
+  the connection drops, else after their timeout), and the restarted query re-plans the logged
+  batch with no parts (a new runner holds none of its predecessor's), so nothing is read twice
+  from the runner; nothing is lost, some ids may arrive twice (dedupe on ``id``, or the
+  pipeline's ``--dedupe-window``);
 - the last batch before an idle period would never be committed (no next batch), so when
   nothing new arrived and the engine has caught up with a batch that is not yet committed, the
   runner bumps ``hb`` once: an empty batch whose planning commits the one before;
@@ -41,7 +44,6 @@ that trickles. The previous batch stays uncommitted meanwhile, which
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -56,7 +58,8 @@ from pyspark.sql.streaming.datasource import (
 
 from pynsqd.spark import trace
 from pynsqd.spark.options import SourceOptions
-from pynsqd.spark.spool import Segment, arrow_batches, runner_dir, write_spool
+from pynsqd.spark.parts import Segment, arrow_batches, encode
+from pynsqd.spark.server import PartServer, fetch
 
 # A Trigger.AvailableNow run waits this long for the first messages, and counts the topic as
 # drained after a quiet period this long. Both cover a slow start on a busy host (connect, SUB,
@@ -71,23 +74,28 @@ AVAILABLE_NOW_QUIET = 5.0
 FIRST_BATCH_WAIT = 0.5
 
 
-class SpoolPartition(InputPartition):
-    """One spool file of one batch; what an executor's ``read`` parses."""
+class PartPartition(InputPartition):
+    """One part of one batch: where an executor's ``read`` fetches it, and its key there."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self.path = path
+    def __init__(self, address: str, key: str) -> None:
+        super().__init__(key)
+        self.address = address
+        self.key = key
+
+    @property
+    def name(self) -> str:
+        return self.key.rpartition("/")[2]
 
 
 class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Driver side: consumer, spool, FIN on commit. Executor side: parse spool files."""
+    """Driver side: consumer, part server, FIN on commit. Executor side: fetch and parse parts."""
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         # Everything below lives only in the driver-side runner; pickled copies for executors
         # carry it empty (it is created lazily, never in __init__).
         self._feed: Any = None
-        self._dir = ""
+        self._server: PartServer | None = None
         self._seq = 0
         self._hb = 0
         self._pending: dict[int, tuple[list[str], list[Any]]] = {}
@@ -108,7 +116,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._feed is None:
             from pynsqd.spark.feed import Feed
 
-            self._dir = runner_dir(self.opts.spool_dir, f"{self.opts.topic}.{self.opts.channel}")
+            self._server = PartServer(self.opts.driver_host, self.opts.driver_port)
             self._feed = Feed(self.opts)
             self._feed.start()
         return self._feed
@@ -155,9 +163,9 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if held:
             self._seq += 1
             self._hb = 0
-            self._pending[self._seq] = (self._spool(self._seq, held), held)
+            self._pending[self._seq] = (self._serve(self._seq, held), held)
             self._wait_from = None
-            trace.event("spooled", seq=self._seq)
+            trace.event("served", seq=self._seq)
         elif self._pending and start == {"seq": self._seq, "hb": self._hb}:
             self._hb += 1  # heartbeat: an empty batch whose planning commits the last one
             self._wait_from = None
@@ -181,9 +189,10 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._wait_from = now
         return buffered < min(opts.min_batch, want) and now - self._wait_from < opts.max_batch_delay_ms / 1000
 
-    def _spool(self, seq: int, held: list[Any]) -> list[str]:
-        """Write the batches ``held`` (``MessageBatch``es) into up to ``partitions`` files of
-        about equal message counts, slicing batches at the boundaries (no per-message work)."""
+    def _serve(self, seq: int, held: list[Any]) -> list[str]:
+        """Frame the batches ``held`` (``MessageBatch``es) into up to ``partitions`` parts of
+        about equal message counts, slicing batches at the boundaries (no per-message work),
+        and serve them; returns their keys."""
         nsqds: dict[str, int] = {}
         total = sum(len(b) for b in held)
         parts = max(1, min(self.opts.partitions, total))
@@ -201,19 +210,20 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 files[-1].append((index, frames, offsets[:take + 1]))
                 offsets = offsets[take:]
                 room -= take
-        paths = []
+        assert self._server is not None
+        keys = []
         for i, segments in enumerate(files):
-            path = os.path.join(self._dir, f"{seq:012d}-{i:03d}.spool")
-            write_spool(path, self.opts.topic, self.opts.channel, list(nsqds), segments)
-            paths.append(path)
-        return paths
+            key = self._server.key(f"{seq:012d}-{i:03d}")
+            self._server.add(key, encode(self.opts.topic, self.opts.channel, list(nsqds), segments))
+            keys.append(key)
+        return keys
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         trace.event("partitions", start=start["seq"], end=end["seq"])
         out: list[InputPartition] = []
         for seq in range(start["seq"] + 1, end["seq"] + 1):
-            paths, _ = self._pending.get(seq, ([], []))
-            out.extend(SpoolPartition(path) for path in paths)
+            keys, _ = self._pending.get(seq, ([], []))
+            out.extend(PartPartition(self._server.address, key) for key in keys if self._server is not None)
         return out
 
     def commit(self, end: dict) -> None:
@@ -227,25 +237,26 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         held = [m for seq in done for m in self._pending[seq][1]]
         self._feed.finish(held)
+        assert self._server is not None
         for seq in done:
-            for path in self._pending.pop(seq)[0]:
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+            for key in self._pending.pop(seq)[0]:
+                self._server.drop(key)
 
     def stop(self) -> None:
         if self._feed is not None:
             self._feed.close()
             self._feed = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
 
     # -- executors --------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, SpoolPartition)
-        trace.event("read.in", path=os.path.basename(partition.path))
+        assert isinstance(partition, PartPartition)
+        trace.event("read.in", part=partition.name)
         rows = 0
-        for batch in arrow_batches(partition.path):
+        for batch in arrow_batches(partition.name, fetch(partition.address, partition.key)):
             rows += batch.num_rows
             yield batch
-        trace.event("read.out", path=os.path.basename(partition.path), rows=rows)
+        trace.event("read.out", part=partition.name, rows=rows)

@@ -7,6 +7,7 @@ consume. Processes are started on free ports and stopped by pid.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -39,6 +40,24 @@ def make_session() -> Any:
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def committed(spark: Any, path: Path) -> Any:
+    """What the Parquet file sink committed (its metadata log hides uncommitted files)."""
+    log = path / "_spark_metadata"
+    if not log.exists() or not any(f.name.isdigit() for f in log.iterdir()):
+        return None
+    from pyspark.errors import AnalysisException
+
+    try:
+        return spark.read.parquet(str(path))
+    except AnalysisException:  # the logged batches wrote no file yet (empty heartbeat batches)
+        return None
+
+
+def committed_count(spark: Any, path: Path) -> int:
+    df = committed(spark, path)
+    return 0 if df is None else int(df.count())
 
 
 def publish(nsqd: Daemon, topic: str, bodies: Iterable[bytes], chunk: int = 5000) -> int:
@@ -105,14 +124,33 @@ def free_port() -> int:
 class SparkProcess:
     """A JVM started with ``spark-class`` (master or worker), in its own process group."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str], isolated: bool = False) -> None:
         from pyspark.find_spark_home import _find_spark_home
 
-        spark_class = Path(_find_spark_home()) / "bin" / "spark-class"
+        command = [str(Path(_find_spark_home()) / "bin" / "spark-class"), *args]
         self.log = log
         self._out = open(log, "wb")
-        self.proc = subprocess.Popen([str(spark_class), *args], stdout=self._out, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True)
+        self.proc = subprocess.Popen(private_tmp(command) if isolated else command, stdout=self._out,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def executors(self, application: str = "") -> list[int]:
+        """The pids of the executor JVMs this worker started (for ``application`` only)."""
+        import psutil
+
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        found = []
+        for child in children:
+            try:
+                cmdline = child.cmdline()
+                if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmdline and (
+                        not application or application in cmdline):
+                    found.append(child.pid)
+            except psutil.NoSuchProcess:
+                continue
+        return found
 
     def wait_for_log(self, pattern: str, timeout: float = 60.0) -> None:
         rx = re.compile(pattern)
@@ -132,23 +170,41 @@ class SparkProcess:
         self._out.close()
 
 
-def start_standalone(tmp: Path) -> tuple[str, list[SparkProcess]]:
-    """A standalone master and one worker on free ports; returns the master URL and processes."""
+def private_tmp(command: list[str]) -> list[str]:
+    """``command`` in a mount namespace of its own with an empty tmpfs on ``/tmp`` (needs root):
+    it and its children see none of the other processes' temporary files, as on another host."""
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount -t tmpfs -o size=4g pynsqd-private-tmp /tmp && exec "$@"', "private-tmp", *command]
+
+
+def start_standalone(tmp: Path, workers: int = 1, isolated: bool = False,
+                     cores: int = 2) -> tuple[str, list[SparkProcess]]:
+    """A standalone master and ``workers`` workers on free ports; returns the master URL and
+    processes (master first). ``isolated``: each in its own private ``/tmp`` (``private_tmp``),
+    where its work and local directories are, so they share no temporary storage with each
+    other or the driver, and each worker on an address of its own."""
     tmp.mkdir(parents=True, exist_ok=True)
+    scratch = Path("/tmp/spark") if isolated else tmp
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1",
-               SPARK_WORKER_DIR=str(tmp / "work"), SPARK_LOCAL_DIRS=str(tmp / "local"))
+               SPARK_WORKER_DIR=str(scratch / "work"), SPARK_LOCAL_DIRS=str(scratch / "local"),
+               SPARK_DAEMON_JAVA_OPTS="-XX:TieredStopAtLevel=1")  # master and workers: C1 is plenty
     port, webui = free_port(), free_port()
     master = SparkProcess(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                           "--webui-port", str(webui)], tmp / "master.log", env)
+                           "--webui-port", str(webui)], tmp / "master.log", env, isolated)
     procs = [master]
     try:
         master.wait_for_log(r"I have been elected leader")
         url = f"spark://127.0.0.1:{port}"
-        worker = SparkProcess(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                               "--port", str(free_port()), "--webui-port", str(free_port()),
-                               "--cores", "2", "--memory", "1g", url], tmp / "worker.log", env)
-        procs.append(worker)
-        worker.wait_for_log(r"Successfully registered with master")
+        for i in range(workers):
+            # isolated: a loopback address each (127.0.0.2, ...), so Spark takes them for separate
+            # hosts and fetches shuffle blocks over the network instead of from a "local" disk
+            host = f"127.0.0.{2 + i}" if isolated else "127.0.0.1"
+            procs.append(SparkProcess(["org.apache.spark.deploy.worker.Worker", "--host", host,
+                                       "--port", str(free_port()), "--webui-port", str(free_port()),
+                                       "--cores", str(cores), "--memory", "1g", url],
+                                      tmp / f"worker{i}.log", env, isolated))
+        for worker in procs[1:]:
+            worker.wait_for_log(r"Successfully registered with master")
     except BaseException:
         for proc in procs:
             proc.stop()
@@ -159,20 +215,37 @@ def start_standalone(tmp: Path) -> tuple[str, list[SparkProcess]]:
 class Pipeline:
     """``nsq_spark_pipeline`` as a subprocess (its own process group, so its JVM dies with it)."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, submit: list[str] | None = None) -> None:
+        """``submit``: launch it with ``spark-submit`` and these options (the script is
+        ``pynsqd/spark/pipeline.py``), else as ``python -m pynsqd.spark.pipeline``."""
         self.log = log
         self._out = open(log, "ab")
-        env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-        self.proc = subprocess.Popen([sys.executable, "-m", "pynsqd.spark.pipeline", *args], stdout=self._out,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+        if submit is None:
+            command = [sys.executable, "-m", "pynsqd.spark.pipeline", *args]
+        else:
+            from pyspark.find_spark_home import _find_spark_home
+
+            import pynsqd.spark.pipeline
+
+            command = [str(Path(_find_spark_home()) / "bin" / "spark-submit"), *submit,
+                       pynsqd.spark.pipeline.__file__, *args]
+        self.proc = subprocess.Popen(command, stdout=self._out, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
         self.lock = threading.Lock()
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def application(self) -> str:
+        """The Spark application id the pipeline printed when its query started ("" before)."""
+        match = re.search(r"in application (\S+)", self.output())
+        return match.group(1) if match else ""
+
     def kill(self) -> None:
         """SIGKILL the whole process group: the driver and its JVM die at once, a crash."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self._out.close()
 
@@ -186,3 +259,33 @@ class Pipeline:
                 self.proc.wait()
             self._out.close()
         return code
+
+
+def _data_batch(ckpt: Path, batch: int) -> bool:
+    """Whether the logged batch carried messages: its end offset is a new ``seq`` (``hb`` 0),
+    not a heartbeat."""
+    lines = (ckpt / "offsets" / str(batch)).read_text().splitlines()
+    return bool(json.loads(lines[-1]).get("hb") == 0)
+
+
+def kill_between_commit_and_fin(pipeline: Pipeline, ckpt: Path, data_batches: int = 1,
+                                timeout: float = 120.0) -> int:
+    """SIGKILL ``pipeline`` right after Spark logged the commit of a batch with messages (the
+    ``data_batches``-th or later), before it planned the next one: the source FINs a batch only
+    when the next is planned, so that batch's messages are in the output *and* come back from
+    nsqd. Fails unless the kill landed there; returns the batch id."""
+    commits = ckpt / "commits"
+
+    def committed_data_batch() -> tuple[int] | None:
+        assert pipeline.proc.poll() is None, pipeline.output()
+        done = sorted(int(f.name) for f in commits.iterdir() if f.name.isdigit()) if commits.is_dir() else []
+        if not done or (ckpt / "offsets" / str(done[-1] + 1)).exists():
+            return None
+        data = [batch for batch in done if _data_batch(ckpt, batch)]
+        return (done[-1],) if len(data) >= data_batches and data[-1] == done[-1] else None
+
+    (batch,) = wait_for(committed_data_batch, timeout, interval=0.02, what="a committed batch with messages")
+    pipeline.kill()
+    assert not (ckpt / "offsets" / str(batch + 1)).exists(), (
+        f"batch {batch + 1} was planned (and batch {batch} FINed) before the kill landed")
+    return int(batch)

@@ -44,19 +44,19 @@ def test_timeline_splits_each_micro_batch_into_its_phases(tmp_path: Path) -> Non
     # executors (200, 201) read 10.100-10.180, the next latestOffset comes at 10.300.
     write(tmp_path / "100.trace", [
         (10.000, "latest.in start=0"), (10.001, "latest.took rows=500 batches=3"),
-        (10.010, "spooled seq=1"), (10.010, "latest.out end=1 hb=0"),
+        (10.010, "served seq=1"), (10.010, "latest.out end=1 hb=0"),
         (10.050, "commit.in end=0"), (10.060, "commit.out end=0"), (10.080, "partitions start=0 end=1"),
         (10.200, "recv n=300 inflight=800 buffered=300"),
         (10.300, "latest.in start=1"), (10.301, "latest.took rows=0 batches=0"), (10.301, "latest.out end=1 hb=1"),
     ])
-    write(tmp_path / "200.trace", [(10.100, "read.in path=000000000001-000.spool"),
-                                   (10.150, "read.out path=000000000001-000.spool rows=250")])
-    write(tmp_path / "201.trace", [(10.110, "read.in path=000000000001-001.spool"),
-                                   (10.180, "read.out path=000000000001-001.spool rows=250")])
+    write(tmp_path / "200.trace", [(10.100, "read.in part=000000000001-000"),
+                                   (10.150, "read.out part=000000000001-000 rows=250")])
+    write(tmp_path / "201.trace", [(10.110, "read.in part=000000000001-001"),
+                                   (10.180, "read.out part=000000000001-001 rows=250")])
     # a later query's runner (300) numbers its batches from 1 too: its reads are not this batch's
     write(tmp_path / "300.trace", [(12.000, "latest.in start=0"), (12.300, "latest.in start=1")])
-    write(tmp_path / "301.trace", [(12.100, "read.in path=000000000001-000.spool"),
-                                   (12.200, "read.out path=000000000001-000.spool rows=9")])
+    write(tmp_path / "301.trace", [(12.100, "read.in part=000000000001-000"),
+                                   (12.200, "read.out part=000000000001-000 rows=9")])
     events = load(str(tmp_path))
     assert pick_runner(events) in (100, 300)
     [row] = cycles(events, 100)
