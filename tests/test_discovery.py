@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pynsqd.shm.segment import list_segments
 from tests.support.harness import Daemon, scaled, wait_for
 from tests.test_foreign_clients import ClientProc, publish, run
 
@@ -164,3 +165,16 @@ def test_pynsq_reader_via_lookupd_consumes_from_every_node(
     assert reader.finish(timeout=40) == 0, reader.err.decode()
     bodies = sorted(m["body"] for m in reader.messages())
     assert bodies == sorted([f"n{n}-{i}" for n in range(3) for i in range(50)])
+
+
+def test_a_malformed_lookupd_address_is_logged_and_the_node_runs_and_exits_cleanly(
+        nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    nsqd = nsqd_factory("--shards=2", "--lookupd-tcp-address=nohost", "--lookupd-tcp-address=127.0.0.1:nan",
+                        data_path=data)
+    nsqd.wait_for_log(r"ERROR: LOOKUPD\(nohost\): failed to connect - invalid value 'nohost'", 10)
+    nsqd.wait_for_log(r"ERROR: LOOKUPD\(127.0.0.1:nan\): failed to connect", 10)
+    assert httpx.get(f"{nsqd.http_url}/ping", timeout=scaled(5)).text == "OK"
+    assert nsqd.stop() == 0
+    assert "exited cleanly" in nsqd.output
+    assert list_segments(str(data)) == []  # the inbound rings are gone with the clean exit

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
+import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -158,6 +161,53 @@ def test_bad_flags_are_one_line_errors_with_exit_1(tmp_path: Path, args: list[st
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("nsqd: error: ")
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def _failed_start(args: list[str], cwd: Path, wrapper: list[str] | None = None) -> str:
+    """Run nsqd expecting a failed start: exit status 1, one line, no traceback; its stderr."""
+    proc = subprocess.run([*(wrapper or []), sys.executable, "-m", "pynsqd.supervisor",
+                           "--http-address=127.0.0.1:0", *args],
+                          capture_output=True, text=True, timeout=30, cwd=cwd)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("nsqd: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    return proc.stderr
+
+
+def test_a_failed_start_says_one_line_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    # no --data-path: the working directory; a bad address fails before anything is written
+    assert "invalid value 'nohost' for flag --tcp-address" in _failed_start(["--tcp-address=nohost"], cwd)
+    assert list(cwd.iterdir()) == []
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        fresh = tmp_path / "new" / "data"
+        err = _failed_start([f"--data-path={fresh}", f"--tcp-address=127.0.0.1:{taken.getsockname()[1]}"], cwd)
+        assert "Address already in use" in err
+    assert not (tmp_path / "new").exists()  # not created: the port is checked first
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for path in (afile, afile / "below"):
+        err = _failed_start([f"--data-path={path}", "--tcp-address=127.0.0.1:0"], cwd)
+        assert err == f"nsqd: error: failed to open --data-path={path}: not a directory\n"
+    assert list(cwd.iterdir()) == []
+
+
+def test_a_read_only_data_path_is_one_line_and_nothing_is_written(tmp_path: Path) -> None:
+    data = tmp_path / "ro"
+    data.mkdir()
+    data.chmod(0o555)
+    wrapper = []
+    if os.geteuid() == 0:  # root writes anywhere: drop the capabilities that let it
+        if shutil.which("setpriv") is None:
+            pytest.skip("setpriv is needed to run without CAP_DAC_OVERRIDE as root")
+        caps = "-dac_override,-dac_read_search"
+        wrapper = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+    err = _failed_start([f"--data-path={data}", "--tcp-address=127.0.0.1:0"], tmp_path, wrapper)
+    assert err == f"nsqd: error: --data-path={data} is not writable - Permission denied\n"
+    assert list(data.iterdir()) == []
 
 
 def test_full_disk_fails_the_publish_and_damages_nothing(nsqd_factory: Callable[..., Daemon],

@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -794,7 +795,34 @@ def test_a_cross_shard_batch_the_owner_cannot_store_stays_in_the_ring_until_it_c
         finally:
             subprocess.run(["prlimit", f"--pid={pid}", "--fsize=unlimited:unlimited"], check=True)
     wait_for(lambda: _topic_count(nsqd, away) == 10, 20, what="the batch stored on retry")
+    nsqd.wait_for_log(rf"TOPIC\({away}\): cross-shard messages stored again", 10)
+    assert nsqd.output.count("failed to store 10 cross-shard message(s)") == 1  # once per spell
     with RawClient(nsqd.tcp) as c:
         c.subscribe(away, "ch", rdy=20)
         assert sorted(c.read_message(timeout=scaled(10)).body for _ in range(10)) == sorted(
             b"held-%d" % i for i in range(10))
+
+
+def _lowest_free_fd(pid: int) -> int:
+    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    return next(n for n in range(len(used) + 1) if n not in used)
+
+
+def test_a_shard_that_cannot_be_restarted_for_lack_of_descriptors_is_retried(node: NodeFactory) -> None:
+    nsqd = node("--shards=2")
+    pid = get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"][1]["pid"]
+    soft, hard = resource.prlimit(nsqd.pid, resource.RLIMIT_NOFILE)
+    # the supervisor can open no new descriptor (its soft limit only: root may lack CAP_SYS_RESOURCE)
+    resource.prlimit(nsqd.pid, resource.RLIMIT_NOFILE, (_lowest_free_fd(nsqd.pid), hard))
+    try:
+        os.kill(pid, signal.SIGKILL)  # its restart needs a control socketpair
+        nsqd.wait_for_log(r"shard 1: cannot start - .*Too many open files; retrying with back-off", 10)
+        nsqd.wait_for_log(r"shard 1: restarting in", 10)
+        assert nsqd.running
+    finally:
+        resource.prlimit(nsqd.pid, resource.RLIMIT_NOFILE, (soft, hard))
+    nsqd.wait_for_log(r"shard 1: started again after failed attempts", 20)
+    wait_for(lambda: get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"][1]["ready"], 20,
+             what="the restarted shard")
+    assert nsqd.output.count("shard 1: cannot start") == 1  # once per failing spell
+    assert get_json(nsqd, SHARD_STATS)["supervisor"]["shard_restarts"] == 1

@@ -115,6 +115,39 @@ def test_a_partial_commit_reads_the_rest_again_across_files_and_a_crash(tmp_path
     again.close()
 
 
+# Three files of records; the metadata cannot be written any more (RLIMIT_FSIZE of 1 byte,
+# as a full disk refuses it); a read past the first file commits, and the sync that follows
+# removes that file although it could not persist the new position; then kill -9.
+_REMOVED_CHILD = r"""
+import os, resource, sys
+from pynsqd.shm.diskqueue import DiskQueue
+
+dq = DiskQueue("q", sys.argv[1], max_bytes_per_file=64, min_msg_size=0, max_msg_size=1 << 16,
+               sync_every=2500, sync_timeout_ns=2_000_000_000)
+dq.put_many([b"r%02d" % i for i in range(20)])
+dq.sync()
+resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+dq.peek_many(12)
+dq.commit()     # the read left file 0: a sync, which fails to write the metadata
+print("committed %d %d" % dq.committed_position, file=sys.stderr)
+os._exit(0)
+"""
+
+
+def test_a_file_read_past_is_removed_although_the_metadata_cannot_be_written(tmp_path: Path) -> None:
+    err = _child(_REMOVED_CHILD, str(tmp_path))
+    assert "failed to sync" in err
+    assert not (tmp_path / "q.diskqueue.000000.dat").exists()  # its space is back
+    committed = tuple(int(n) for n in err.split("committed ")[1].split()[:2])
+    again = DiskQueue("q", str(tmp_path), max_bytes_per_file=64, min_msg_size=0, max_msg_size=1 << 16,
+                      sync_every=2500, sync_timeout_ns=2_000_000_000)
+    assert again.skip_to(committed) > 0  # the owner kept the position (shared memory)
+    assert again.depth == 8
+    assert again.read_many(20) == [b"r%02d" % i for i in range(12, 20)]
+    assert again.depth == 0
+    again.close()
+
+
 def _get_json(nsqd: Daemon, path: str, method: str = "GET") -> Any:
     req = urllib.request.Request(nsqd.http_url + path, method=method)
     with urllib.request.urlopen(req, timeout=scaled(10)) as resp:

@@ -22,7 +22,9 @@ def lock_data_path(path: str) -> int:
     Raises ``UsageError``."""
     try:
         os.makedirs(path, exist_ok=True)
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileExistsError, NotADirectoryError):  # a file, or a file on the way to it
+        raise UsageError(f"failed to open --data-path={path}: not a directory") from None
     except OSError as exc:
         raise UsageError(f"failed to open --data-path={path}: {exc.strerror}") from None
     try:

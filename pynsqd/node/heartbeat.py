@@ -1,10 +1,11 @@
 """A shard's heartbeat: one page of memory (memfd) the supervisor creates and the shard maps.
 
-The shard's loop writes its ``CLOCK_MONOTONIC`` time into the page every ``BEAT_EVERY``
-seconds; the supervisor reads it at each tick. Silent for ``STALL_AFTER``: the shard gets no
-new HTTP connections until it beats again; silent for ``PYNSQD_SHARD_TIMEOUT``: it is killed
-(``supervisor/arbiter.py``). The page outlives the shard's processes, so a restarted shard
-beats into the same page.
+The shard's broker scan writes its ``CLOCK_MONOTONIC`` time into the page at the end of every
+pass (every 0.1 s), so a beat proves that the scan makes progress, not only that the loop
+turns; the supervisor writes it too when it spawns a shard, and reads it at each tick. Silent
+for ``STALL_AFTER``: the shard gets no new HTTP connections until it beats again; silent for
+``PYNSQD_SHARD_TIMEOUT``: it is killed (``supervisor/arbiter.py``). The page outlives the
+shard's processes, so a restarted shard beats into the same page.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import os
 import struct
 import time
 
-BEAT_EVERY = 0.5  # seconds between a shard's beats
 STALL_AFTER = 1.5  # seconds without a beat before a shard gets no new HTTP connections
 _LAYOUT = struct.Struct("d")  # the page: the monotonic time of the last beat, in seconds
 

@@ -2,14 +2,18 @@
 
 Theory of operation
 -------------------
-Everything here runs on the shard's event loop, so there are no locks. Work that may allow
+Everything here runs on the shard's event loop, so there are no locks (disk-queue syncs run
+on the ``Syncer``'s worker thread, which touches nothing but the queue). Work that may allow
 delivery is not done inline: topics and channels call ``schedule(obj)``, which puts them in a
 "dirty" set and arranges one ``call_soon`` for the whole set; the callback runs each dirty
 object's ``pump`` once. A burst of 200 PUBs on 50 connections thus costs one pump per
 channel per loop turn, not 10,000.
 
 Timeouts and deferred messages are scanned every ``SCAN_INTERVAL`` (nsqd: 100 ms), only for
-channels that hold something in flight or deferred.
+channels that hold something in flight or deferred; the same scan asks for the syncs due
+after ``--sync-timeout``, retries topics that could not hand messages on, checks client
+deadlines and ends with ``on_scan`` (the shard's heartbeat). A pass that raises stops the
+scan and calls ``on_fatal``: the process goes down and the supervisor restarts it.
 
 Publishing turns bodies into encoded messages (``pynsqd.wire.message``): one wall-clock
 read and one batch of ids per PUB/MPUB.
@@ -29,7 +33,9 @@ from pynsqd.options import MS
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import Backend, DropBackend, MessageQueue
+from pynsqd.shard.syncer import Syncer
 from pynsqd.shard.topic import Topic
+from pynsqd.shm.diskqueue import DiskQueue, DiskQueueError
 from pynsqd.shm.log import MessageLog
 from pynsqd.shm.ring import buffer_size
 from pynsqd.wire.message import HEADER, IdFactory
@@ -40,9 +46,13 @@ SCAN_INTERVAL = 0.1  # seconds, nsqd's QueueScanInterval
 
 
 def _maybe_sync(backend: Backend, now: int) -> None:
-    maybe_sync = getattr(backend, "maybe_sync", None)
-    if maybe_sync is not None:
-        maybe_sync(now)
+    """A broker without a loop (no ``Syncer``) syncs inline; a failure is logged and the
+    queue's next scan retries."""
+    if isinstance(backend, DiskQueue):
+        try:
+            backend.maybe_sync(now)
+        except DiskQueueError as exc:
+            log.error("%s", exc)
 
 
 class BrokerError(Exception):
@@ -103,11 +113,24 @@ class Broker:
         self._loop: asyncio.AbstractEventLoop | None = None
         # ("created" | "deleted", topic, channel or None) for every topic/channel change
         self.on_change: Callable[[str, str, str | None], None] | None = None
+        self.syncer: Syncer | None = None  # disk-queue syncs off the loop, once started
+        self.on_scan: Callable[[], None] | None = None  # after every scan: the shard's heartbeat
+        self.on_fatal: Callable[[], None] | None = None  # the scan failed: take the process down
 
     # --- the loop-driven machinery --------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the scan every ``SCAN_INTERVAL`` and every disk-queue sync on a worker thread."""
         self._loop = loop
+        self.syncer = Syncer(loop)
+        for topic in self.topics.values():
+            self._attach(topic.queue.backend)
+            for channel in topic.channels.values():
+                self._attach(channel.queue.backend)
         self._scan_handle = loop.call_later(SCAN_INTERVAL, self._scan)
+
+    def _attach(self, backend: Backend) -> None:
+        if self.syncer is not None and isinstance(backend, DiskQueue):
+            self.syncer.attach(backend)
 
     def schedule(self, obj: Any) -> None:
         """Run ``obj.pump(now)`` soon (once, however often this is called before)."""
@@ -128,23 +151,48 @@ class Broker:
                     log.exception("%r: pump failed", obj)
 
     def _scan(self) -> None:
+        """nsqd's queue scan: message timeouts, due deferred messages, topic retries, client
+        deadlines, syncs after ``--sync-timeout``. Each pass ends with ``on_scan`` (the
+        shard's heartbeat), so the supervisor sees this loop make progress. A pass that
+        raises is a bug: it is logged, the scan stops (so does the heartbeat) and
+        ``on_fatal`` takes the process down for the supervisor to restart."""
         assert self._loop is not None
-        now = time.monotonic_ns()
+        try:
+            self._scan_once(time.monotonic_ns())
+        except Exception:
+            log.exception("the queue scan failed; stopping this process so that it is restarted")
+            if self.on_fatal is not None:
+                self.on_fatal()
+            return
+        if self.on_scan is not None:
+            self.on_scan()
+        self._scan_handle = self._loop.call_later(SCAN_INTERVAL, self._scan)
+
+    def _scan_once(self, now: int) -> None:
+        syncer = self.syncer
         for topic in list(self.topics.values()):
-            _maybe_sync(topic.queue.backend, now)
+            self._sync_if_due(syncer, topic.queue.backend, now)
             if topic.retry_due(now):
                 self.schedule(topic)
             for channel in list(topic.channels.values()):
                 if channel.has_timers:
                     channel.process_timers(now)
-                _maybe_sync(channel.queue.backend, now)
+                self._sync_if_due(syncer, channel.queue.backend, now)
         for client in list(self.clients):
             client.check_deadlines(now)
-        self._scan_handle = self._loop.call_later(SCAN_INTERVAL, self._scan)
+
+    @staticmethod
+    def _sync_if_due(syncer: Syncer | None, backend: Backend, now: int) -> None:
+        if syncer is None:
+            _maybe_sync(backend, now)
+        elif isinstance(backend, DiskQueue):
+            syncer.maybe(backend, now)
 
     # --- topics and channels --------------------------------------------------------------
     def _backend(self, queue_name: str, ephemeral: bool) -> Backend:
-        return DropBackend() if ephemeral else self._backend_factory(queue_name, ephemeral)
+        backend = DropBackend() if ephemeral else self._backend_factory(queue_name, ephemeral)
+        self._attach(backend)
+        return backend
 
     def _process_queue(self, kind: str, name: str, backend: Backend) -> MessageQueue:
         """A queue whose log lives in this process only (a broker without a node)."""
@@ -342,6 +390,8 @@ class Broker:
             self._scan_handle.cancel()
         if self._pump_handle is not None:
             self._pump_handle.cancel()
+        if self.syncer is not None:
+            self.syncer.close()  # the queues below sync inline as they close
         for topic in list(self.topics.values()):
             try:
                 topic.close()

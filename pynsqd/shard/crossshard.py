@@ -170,6 +170,7 @@ class Inbound:
                 self.rings.append(ByteRing(seg.buf, init=False))
         self.received = 0  # messages taken from the rings
         self.framed = 0  # of those, stored with no message decoded: every log took the run as is
+        self._failing: set[str] = set()  # topics whose batches cannot be stored now (logged once)
         self._again: asyncio.Handle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -261,9 +262,14 @@ class Inbound:
                 topic.put_many(records, body_bytes)
         except Exception as exc:
             broker.health = f"NOK - {exc}"
-            log.error("TOPIC(%s): failed to store %d cross-shard message(s), retrying - %s",
-                      topic_name, len(records), exc)
+            if topic_name not in self._failing:  # once per failing spell; retried every STORE_RETRY
+                self._failing.add(topic_name)
+                log.error("TOPIC(%s): failed to store %d cross-shard message(s), retrying every %gs - %s",
+                          topic_name, len(records), STORE_RETRY, exc)
             return False
+        if self._failing and topic_name in self._failing:
+            self._failing.discard(topic_name)
+            log.warning("TOPIC(%s): cross-shard messages stored again", topic_name)
         self.received += len(records)
         if isinstance(records, Frames) and not records.decoded:
             self.framed += len(records)

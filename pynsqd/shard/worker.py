@@ -20,9 +20,12 @@ stderr, which stops the supervisor's respawn loop.
 Serving: TCP connections arrive as ``Adopt`` messages (fd + state + unread bytes) and become
 ``ClientV2`` protocols via ``connect_accepted_socket``. HTTP and HTTPS connections arrive as
 ``ServeHTTP`` messages (fd), handed out in turn (``supervisor/httpaccept.py``), and are
-served by the embedded HTTP server (``EmbeddedServer.adopt``). Every ``BEAT_EVERY`` the loop
-writes a timestamp into the heartbeat page (``node/heartbeat.py``). A loop silent for 1.5 s gets no new HTTP
-connections; one that stops beating for ``PYNSQD_SHARD_TIMEOUT`` is killed by the supervisor.
+served by the embedded HTTP server (``EmbeddedServer.adopt``). Every pass of the broker's 100 ms
+scan ends by writing a timestamp into the heartbeat page (``node/heartbeat.py``), so a beat
+proves that the scan (timeouts, deferred delivery, deadlines, syncs) makes progress, not only
+that the loop turns; disk syncs run on a worker thread (``syncer.py``). A shard silent for
+1.5 s gets no new HTTP connections; one that stops beating for ``PYNSQD_SHARD_TIMEOUT`` is
+killed by the supervisor, and one whose scan raised exits with status 1 to be restarted.
 
 Exit: ``Quiesce`` (``_stop_serving``: stop delivering, wait a bounded time for FINs, stop
 HTTP, close clients) then ``Exit`` (drain the inbound rings, close every queue, send the
@@ -52,7 +55,7 @@ from pynsqd.node import metadata
 from pynsqd.node.boot import BOOT_ERROR, BootConfig
 from pynsqd.node.control import ControlChannel, Received
 from pynsqd.node.datapath import make_backend, recoverable
-from pynsqd.node.heartbeat import BEAT_EVERY, Heartbeat
+from pynsqd.node.heartbeat import Heartbeat
 from pynsqd.node.messages import (
     Adopt,
     Changed,
@@ -138,7 +141,8 @@ class ShardWorker:
         self._http_task: asyncio.Task[None] | None = None
         self._https_server: EmbeddedServer | None = None
         self._https_task: asyncio.Task[None] | None = None
-        self._beat: asyncio.TimerHandle | None = None
+        self.failed = False  # stopping because the scan or a server failed: exit status 1
+        self._stopping_service = False
         self.app = NsqdHTTP(self.broker, opts, self.info(), self._persist, self._set_lookupd)
         if boot.https and opts.tls_required == "true":
             self.app.tls_required_port = boot.https_port
@@ -279,8 +283,16 @@ class ShardWorker:
 
     # --- lifecycle --------------------------------------------------------------------------
     def _beat_now(self) -> None:
+        """The heartbeat: written at the end of every pass of the broker's scan, so it says
+        that the loop turns *and* that the scan (timeouts, deferred delivery, deadlines,
+        syncs) makes progress."""
         self.heartbeat.beat()
-        self._beat = asyncio.get_running_loop().call_later(BEAT_EVERY, self._beat_now)
+
+    def _fatal(self) -> None:
+        """The scan failed (``Broker.on_fatal``): exit (status 1) for the supervisor to
+        restart this shard; the heartbeat has stopped, so a stuck exit is killed."""
+        self.failed = True
+        self._stop.set()
 
     async def main(self) -> None:
         loop = asyncio.get_running_loop()
@@ -288,6 +300,8 @@ class ShardWorker:
         self.control.start(loop)
         self.control.on_close = lambda chan: self._stop.set()
         self._beat_now()
+        self.broker.on_scan = self._beat_now
+        self.broker.on_fatal = self._fatal
         self.broker.start(loop)
         self.broker.on_change = self._changed
         self.inbound.start(loop)
@@ -295,15 +309,26 @@ class ShardWorker:
         if self.boot.http:
             self._http_server = embedded_server(self.node_http, publisher=self.app)
             self._http_task = loop.create_task(self._http_server.serve(sockets=[]))
+            self._http_task.add_done_callback(self._server_ended)
         if self.boot.https:
             self._https_server = embedded_server(self.node_http, self.tls_ctx, self.app)
             self._https_task = loop.create_task(self._https_server.serve(sockets=[]))
+            self._https_task.add_done_callback(self._server_ended)
         self._send_snapshot()
         self.control.send(Ready(os.getpid()))
         try:
             await self._stop.wait()
         finally:
             await self.exit()
+
+    def _server_ended(self, task: asyncio.Task[None]) -> None:
+        """An HTTP(S) server that ends before this shard stops serving cannot be started
+        again in place: the shard exits to be restarted."""
+        if self._stopping_service or self._stop.is_set():
+            return
+        why = "cancelled" if task.cancelled() else repr(task.exception())
+        log.error("HTTP server ended unexpectedly (%s); stopping this process so that it is restarted", why)
+        self._fatal()
 
     def _quiesce(self, msg: Quiesce, received: Received) -> None:
         task = asyncio.get_running_loop().create_task(self._quiesced(msg, received))
@@ -316,6 +341,7 @@ class ShardWorker:
         self.control.reply(received, Done())
 
     async def _stop_serving(self, wait: float = 0.0) -> None:
+        self._stopping_service = True
         clients = list(self.broker.clients)
         for client in clients:
             client.stop_delivery()
@@ -368,6 +394,8 @@ def main() -> None:
         print(f"shard {boot.index} failed to boot - {exc}", file=sys.stderr, flush=True)
         os._exit(BOOT_ERROR)
     uvloop.run(worker.main())
+    if worker.failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

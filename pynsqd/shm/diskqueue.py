@@ -28,9 +28,15 @@ stale metadata; opening repairs what it finds:
 ``peek_many`` reads records without consuming them and ``commit`` consumes everything peeked
 (or only the first ``count``: the reader moves back and the rest are read again):
 a sync persists only the committed read position (and counts uncommitted records in the
-depth), and a file read past is deleted only once a committed position has left it. A caller
-that stores what it peeked elsewhere before committing sees duplicates after a crash at any
-point, never a loss (``read_many`` is the two in one call).
+depth), and a file read past is deleted once a committed position has left it, by the sync
+that persists that position. On a full disk the metadata write is what fails: the sync then
+deletes the files read past first (their records are stored elsewhere) and writes the
+metadata again into the space they freed, so consumption gives a full disk its space back at
+once. Should that write fail too, the files stay deleted and the metadata lags behind until
+a sync succeeds; opening repairs it (the missing files are skipped, the depth recounted), but
+after a reboot the records read from those files since the last sync are gone with whatever
+held them. A caller that stores what it peeked elsewhere before committing sees duplicates
+after a crash at any point, never a loss (``read_many`` is the two in one call).
 
 A record that cannot be parsed while reading (size outside [min, max], a torn record) makes
 the whole file ``<file>.bad`` (a missing file is skipped); reading goes on with the next file
@@ -43,6 +49,9 @@ parse records from memory (``diskqueue_format.parse_records``), so both run at m
 records per second. Every call is short except ``sync`` (one or a few fsyncs), which may run
 in another thread: the state lock is held only to take a snapshot, metadata renames are
 ordered by a sequence number, and a snapshot older than one already persisted is dropped.
+A sync that falls due inside ``put_many`` or ``commit`` is handed to ``on_sync_due`` when
+the owner set it (a shard runs them on a worker thread: ``pynsqd.shard.syncer``), and run
+inline otherwise.
 """
 
 from __future__ import annotations
@@ -53,7 +62,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pynsqd.shm import diskqueue_format as fmt
 from pynsqd.shm.diskqueue_format import HEADER, HEADER_SIZE, Meta, Stop
@@ -104,6 +113,7 @@ class DiskQueue:
         self._seq = 0
         self._persisted_seq = 0
         self._closed = False
+        self.on_sync_due: Callable[[], None] | None = None  # runs due syncs elsewhere, if set
         self._scanner = Scanner(name, data_path, min_msg_size, max_msg_size, self._log)
         try:
             state = self._scanner.open()
@@ -144,7 +154,7 @@ class DiskQueue:
             self._count += len(records)
             due = rolled or self._count >= self._sync_every
         if due:
-            self._sync_logged()
+            self._sync_requested()
 
     def _write_locked(self, records: Sequence[bytes], lengths: list[int]) -> bool:
         segments = fmt.plan_segments(self._write_pos, lengths, self._max_bytes)
@@ -250,7 +260,7 @@ class DiskQueue:
             self._pending = 0
             due, self._sync_due = self._sync_due or self._count >= self._sync_every, False
         if due:
-            self._sync_logged()
+            self._sync_requested()
 
     @property
     def read_position(self) -> tuple[int, int]:
@@ -278,7 +288,9 @@ class DiskQueue:
             if self._pending or not start < position <= (self._write_file, self._write_pos):
                 return 0
             skipped = 0
+            removed = False  # a file read past was removed before a sync could persist the move
             for num in range(start[0], file_num + 1):
+                removed = removed or (num < file_num and not os.path.exists(self._path(num)))
                 count, end, why = self._scanner.scan_file(
                     num, start[1] if num == start[0] else 0, pos if num == file_num else None)
                 if why is not Stop.END or (num == file_num and end != pos):
@@ -289,7 +301,11 @@ class DiskQueue:
             self._reset_reader()
             self._consumed += range(start[0], file_num)
             self._read_file, self._read_pos = self._committed = position
-            self._depth = max(0, self._depth - skipped)
+            if removed:  # the depth on disk still counts its records: count what is left
+                self._depth = (self._scanner.count_from(file_num, self._write_file, self._write_pos)
+                               - self._scanner.scan_file(file_num, 0, pos)[0])
+            else:
+                self._depth = max(0, self._depth - skipped)
             self._count += skipped  # the next sync persists the position
         self._log.info("DISKQUEUE(%s) resuming reading at %d:%d, past %d record(s) read before "
                        "the last sync", self.name, file_num, pos, skipped)
@@ -430,10 +446,19 @@ class DiskQueue:
                 os.fsync(fd)
             with self._sync_lock:
                 if seq > self._persisted_seq:   # else a newer state is already on disk
-                    self._persist(meta)
+                    try:
+                        self._persist(meta)
+                    except OSError:
+                        if not consumed:
+                            raise
+                        # a full disk: give back the space consumption freed, then try again
+                        # (if that fails too, the files stay removed; see the module doc)
+                        self._remove(consumed)
+                        consumed = []
+                        self._persist(meta)
                     self._persisted_seq = seq
-                for num in consumed:
-                    _unlink(self._path(num), self._log)
+                self._remove(consumed)
+                consumed = []
         except OSError as exc:
             with self._lock:
                 self._count = max(self._count, 1)
@@ -443,16 +468,32 @@ class DiskQueue:
             for fd in fds:
                 _close(fd)
 
+    def _remove(self, files: list[int]) -> None:
+        for num in files:
+            _unlink(self._path(num), self._log)
+
     def maybe_sync(self, now_ns: int) -> bool:
         """Sync if anything happened and ``sync_timeout`` has passed since the last sync.
 
         ``now_ns`` is on the ``time.monotonic_ns()`` clock. Returns whether it synced; raises
         ``DiskQueueError`` like ``sync``.
         """
-        if self._closed or self._count == 0 or now_ns - self._last_sync_ns < self._sync_timeout_ns:
+        if not self.sync_wanted(now_ns):
             return False
         self.sync()
         return True
+
+    def sync_wanted(self, now_ns: int) -> bool:
+        """Anything happened and ``sync_timeout`` has passed since the last sync (or attempt)."""
+        return not self._closed and self._count > 0 and now_ns - self._last_sync_ns >= self._sync_timeout_ns
+
+    def _sync_requested(self) -> None:
+        """A sync is due (``sync_every``, a roll, a file read past): ``on_sync_due`` runs it
+        elsewhere (a worker thread: ``pynsqd.shard.syncer``) when set, else it runs here."""
+        if self.on_sync_due is not None:
+            self.on_sync_due()
+        else:
+            self._sync_logged()
 
     def _sync_logged(self) -> None:
         try:

@@ -3,11 +3,12 @@
 Theory of operation
 -------------------
 ``Supervisor(opts, shards)`` does what must happen once per node, in the constructor so that
-port 0 works and errors are one line: lock the data path, read ``nsqd.dat``, load the
-placement table (``node/placement.py``) and place every known topic, store on disk what leftover
-inbound rings of a run with another shard count hold (``leftover_rings.py``), bind TCP and
-HTTP, create the inbound rings (``node/rings.py``), one heartbeat page and one eventfd
-per shard.
+port 0 works and errors are one line: check the TLS files, bind TCP and HTTP, lock the data
+path and check that it is writable, read ``nsqd.dat``, load the placement table
+(``node/placement.py``) and place every known topic, store on disk what leftover inbound rings
+of a run with another shard count hold (``leftover_rings.py``), create the inbound rings
+(``node/rings.py``), one heartbeat page and one eventfd per shard. A step that fails undoes
+the ones before it (``startup.py``): a failed start leaves nothing behind.
 
 ``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
 interpreter, never a fork of a running loop) with their descriptors inherited, waits until
@@ -54,7 +55,7 @@ from pynsqd.node import metadata
 from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.control import PROXY_WAIT, ControlChannel, Received, channel_pair
-from pynsqd.node.datapath import lock_data_path, recoverable
+from pynsqd.node.datapath import recoverable
 from pynsqd.node.heartbeat import STALL_AFTER
 from pynsqd.node.messages import (
     Adopt,
@@ -77,7 +78,6 @@ from pynsqd.node.messages import (
     StatsRequest,
 )
 from pynsqd.node.metadata import TopicRecord
-from pynsqd.node.placement import Placement
 from pynsqd.node.rings import create_rings, release_rings
 from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
@@ -90,6 +90,7 @@ from pynsqd.supervisor.handoff import greet
 from pynsqd.supervisor.httpaccept import HTTPAcceptor
 from pynsqd.supervisor.registration import Registration
 from pynsqd.supervisor.slots import Slot
+from pynsqd.supervisor.startup import Startup
 from pynsqd.supervisor.statsd import StatsdLines, StatsdPusher, statsd_prefix
 from pynsqd.wire.lookup import IdentifyInfo
 from pynsqd.wire.names import is_ephemeral, is_valid_name
@@ -111,28 +112,31 @@ class Supervisor:
     def __init__(self, opts: NsqdOptions, shards: int) -> None:
         self.opts = opts
         self.shards = shards
-        self._lock_fd = lock_data_path(opts.data_dir)
-        try:
-            topics = metadata.load(opts.data_dir)
-        except ValueError as exc:
-            os.close(self._lock_fd)
-            raise UsageError(f"failed to load metadata - {exc}") from None
-        self.placement = Placement(opts.data_dir, shards)
-        self.placement.rebalance_at_start()
-        keep = leftover_rings.rescue(opts, shards, self.placement.owner, topics)  # before any shard
-        self.snapshots: dict[int, list[TopicRecord]] = {i: [] for i in range(shards)}
-        for topic in topics:
-            self.snapshots[self.placement.owner(topic.name)].append(topic)
+        # what needs no file first (TLS files, addresses, ports), then the data path: a start
+        # that fails says one line and leaves nothing behind (``Startup``)
         try:
             tls_ctx = build_server_context(opts)  # each shard builds its own from the same files
         except (OSError, ssl.SSLError) as exc:
-            os.close(self._lock_fd)
             raise UsageError(f"failed to load TLS certificate/key: {exc}") from None
-        self.tcp_socket = bind(opts.tcp_address, "tcp-address")
-        self.http_socket = bind(opts.http_address, "http-address") if opts.http_address else None
-        self.https_socket = (bind(opts.https_address, "https-address")
-                             if opts.https_address and tls_ctx is not None else None)
-        self.rings = create_rings(opts.data_dir, shards)
+        with Startup(opts.data_dir) as start:
+            self.tcp_socket = start.close_on_failure(bind(opts.tcp_address, "tcp-address"))
+            self.http_socket = (start.close_on_failure(bind(opts.http_address, "http-address"))
+                                if opts.http_address else None)
+            self.https_socket = (start.close_on_failure(bind(opts.https_address, "https-address"))
+                                 if opts.https_address and tls_ctx is not None else None)
+            self._lock_fd = start.lock()
+            try:
+                topics = metadata.load(opts.data_dir)
+            except ValueError as exc:
+                raise UsageError(f"failed to load metadata - {exc}") from None
+            self.placement = start.placement(shards)
+            self.placement.rebalance_at_start()
+            keep = leftover_rings.rescue(opts, shards, self.placement.owner, topics)  # before any shard
+            self.rings = create_rings(opts.data_dir, shards)
+            start.on_failure(lambda: release_rings(self.rings))
+        self.snapshots: dict[int, list[TopicRecord]] = {i: [] for i in range(shards)}
+        for topic in topics:
+            self.snapshots[self.placement.owner(topic.name)].append(topic)
         self._sweep_segments(topics, keep)
         self.wake_fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(shards)]
         self.slots = [Slot(i) for i in range(shards)]
@@ -149,6 +153,7 @@ class Supervisor:
         self._stopping = False
         self._exited = False
         self._save_pending = False
+        self._metadata_failing = False  # the last save failed (logged once per spell)
         self._next_any = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accept_task: asyncio.Task[None] | None = None
@@ -202,8 +207,14 @@ class Supervisor:
         topics = [t for i in range(self.shards) for t in self.snapshots[i]]
         try:
             metadata.save(self.opts.data_dir, metadata.encode(topics))
-        except OSError as exc:
-            log.error("failed to persist metadata - %s", exc)
+        except OSError as exc:  # kept in memory; saved with the next change or at exit
+            if not self._metadata_failing:
+                log.error("failed to persist metadata - %s", exc)
+            self._metadata_failing = True
+            return
+        if self._metadata_failing:
+            log.info("metadata persisted again")
+            self._metadata_failing = False
 
     def _schedule_save(self) -> None:
         if not self._save_pending:
@@ -212,6 +223,8 @@ class Supervisor:
 
     # --- spawning and supervising shards -----------------------------------------------------
     def spawn(self, slot: Slot) -> None:
+        """Start the shard of ``slot``. Raises ``OSError`` (descriptors or processes
+        exhausted) with nothing left open."""
         here, there = channel_pair()
         slot.reset_heartbeat()
         boot = BootConfig(index=slot.index, shards=self.shards, parent=os.getpid(), opts=self.opts,
@@ -226,6 +239,9 @@ class Supervisor:
             os.set_inheritable(fd, True)
         try:
             slot.pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "pynsqd.shard.worker"], env)
+        except OSError:
+            here.close()
+            raise
         finally:
             for fd in fds:
                 os.set_inheritable(fd, False)
@@ -279,8 +295,25 @@ class Supervisor:
                     _kill(slot.pid, signal.SIGKILL)
             elif slot.pid == 0 and slot.respawn_at is not None and now >= slot.respawn_at and not self._stopping:
                 slot.respawn_at = None
-                slot.restarts += 1
-                self.spawn(slot)
+                self._respawn(slot, now)
+
+    def _respawn(self, slot: Slot, now: float) -> None:
+        """Restart a dead shard; one that cannot be started now (EMFILE, EAGAIN) is tried
+        again with the restart back-off, logged once per failing spell."""
+        try:
+            self.spawn(slot)
+        except OSError as exc:
+            delay = slot.schedule_restart(now)
+            if not slot.spawn_failing:
+                log.error("shard %d: cannot start - %s; retrying with back-off", slot.index, exc)
+            else:
+                log.debug("shard %d: cannot start - %s; retrying in %.1fs", slot.index, exc, delay)
+            slot.spawn_failing = True
+            return
+        slot.restarts += 1
+        if slot.spawn_failing:
+            log.info("shard %d: started again after failed attempts", slot.index)
+            slot.spawn_failing = False
 
     @staticmethod
     def _check_stall(slot: Slot, quiet: float) -> None:
@@ -466,7 +499,12 @@ class Supervisor:
         log.info("%s", self.log_sizing.describe(self.opts.mem_queue_size, self.host))
         self.save_metadata()
         for slot in self.slots:
-            self.spawn(slot)
+            try:
+                self.spawn(slot)
+            except OSError as exc:
+                self.fatal = f"cannot start shard {slot.index} - {exc}"
+                self._signals.put_nowait(signal.SIGTERM)
+                break
         self._accept_task = loop.create_task(self._wait_then_accept())
         self._accept_task.add_done_callback(self._task_done)
         while not self._stopping:
@@ -537,6 +575,7 @@ class Supervisor:
         killed = await self._wait_children(deadline)
         if killed:
             log.error("%d shard(s) did not exit in time and were killed", killed)
+        self._metadata_failing = False  # the last save: its failure is always logged
         self.save_metadata()
         await self.registration.close()
         release_rings(self.rings)

@@ -34,7 +34,6 @@ import orjson
 
 from pynsqd.backoff import Backoff
 from pynsqd.netaddr import split_host_port
-from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.lookup import (
     MAGIC,
     PING,
@@ -77,15 +76,22 @@ class LookupPeer:
             self._queue.put_nowait(command)
 
     async def run(self) -> None:
+        """Connect, register, ping; reconnect after any failure, for as long as the peer is
+        listed. The first failure to connect of a spell is logged as an error (a malformed
+        address too: nsqd logs it and keeps running), the repeats at debug level."""
         retry = Backoff(RECONNECT_MIN, RECONNECT_MAX)
+        failing = False
         while True:
             try:
                 await self._session()
-            except (OSError, TimeoutError, ProtocolError, ConnectionError) as exc:
+            except Exception as exc:  # whatever it was, the peer tries again
                 if self.connected:
-                    log.warning("LOOKUPD(%s): connection lost - %s", self.address, exc)
+                    log.warning("LOOKUPD(%s): connection lost - %s", self.address, _describe(exc))
+                elif not failing:
+                    log.error("LOOKUPD(%s): failed to connect - %s", self.address, _describe(exc))
                 else:
-                    log.debug("LOOKUPD(%s): cannot connect - %s", self.address, exc)
+                    log.debug("LOOKUPD(%s): cannot connect - %s", self.address, _describe(exc))
+                failing = not self.connected
             if self.connected:
                 retry.reset()
             self.connected = False
@@ -180,7 +186,7 @@ class Registration:
         for task in self._tasks.values():
             task.cancel()
         for task in self._tasks.values():
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
         self.peers.clear()
@@ -206,3 +212,8 @@ async def _get_channels(http_address: str, topic: str) -> list[str]:
         raise ValueError(f"lookupd answered {head[:40]!r}")
     channels = orjson.loads(body).get("channels")
     return [c for c in channels if isinstance(c, str)] if isinstance(channels, list) else []
+
+
+def _describe(exc: BaseException) -> str:
+    """An error as one line (a timeout has no text of its own)."""
+    return str(exc) or type(exc).__name__

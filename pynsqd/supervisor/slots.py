@@ -32,6 +32,7 @@ class Slot:
         self.respawn_at: float | None = None
         self.abort_sent: float | None = None
         self.stalled = False  # no beat for heartbeat.STALL_AFTER: alive, but its loop is not turning
+        self.spawn_failing = False  # the last restart could not start a process (logged once)
         self._restarts = Backoff(BACKOFF_MIN, BACKOFF_MAX)  # deaths that came soon after a start
         self.heartbeat = Heartbeat.create(index)
 

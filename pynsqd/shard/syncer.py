@@ -1,0 +1,116 @@
+"""Disk-queue syncs of one shard, run on a worker thread so that no fsync stalls the loop.
+
+Theory of operation
+-------------------
+A disk queue's ``sync`` (fsync of the data files written since the last one, then the
+metadata replaced atomically, then the files read past removed) takes from microseconds to
+seconds, depending on the disk and on how much the page cache holds. Run on the shard's
+event loop, every client of the shard waited for it. ``DiskQueue.sync`` is safe to run in
+another thread while the loop keeps writing and reading (it holds the queue's state lock
+only to take a snapshot), so the shard hands every sync to one worker thread:
+
+* ``request(queue)``: a sync fell due inside ``put_many``/``commit`` (``--sync-every``
+  writes and reads, a roll, a file read past; ``DiskQueue.on_sync_due``) — it starts at
+  once, or right after the one running for that queue;
+* ``maybe(queue, now)``: from the shard's 100 ms scan, when ``--sync-timeout`` has passed
+  with activity (``DiskQueue.sync_wanted``).
+
+One thread, so syncs of a shard never compete with each other for the disk. The guarantee
+is go-diskqueue's as before: a ``put`` returns after ``write()``; a sync starts after every
+``--sync-every`` operations, on a roll and after ``--sync-timeout`` with activity; it covers
+what was written when it started (writes made meanwhile are counted for the next one); a
+clean exit syncs every queue inline (``DiskQueue.close``).
+
+A sync that fails (ENOSPC writing the metadata, EIO from fsync) leaves the queue consistent
+and its operation count non-zero, so it is retried. A failing spell is logged once, when it
+begins (``failed to sync ... retrying``), and once when a sync succeeds again; meanwhile the
+scan retries after a back-off that doubles from ``RETRY_MIN`` to ``RETRY_MAX``. Syncs asked
+for by writes and reads still start at once: they also remove the files consumption has
+read past, which is what gives a full disk its space back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+import weakref
+from dataclasses import dataclass
+
+from pynsqd.shm.diskqueue import DiskQueue, DiskQueueError
+
+log = logging.getLogger("pynsqd.shard")
+
+RETRY_MIN = 0.1e9  # ns: first back-off after a failed sync
+RETRY_MAX = 10e9  # ns: longest back-off between retries of a failing queue
+
+
+@dataclass(slots=True)
+class _State:
+    running: bool = False
+    again: bool = False  # asked for while running: start another when it ends
+    failures: int = 0  # consecutive failed syncs (0: healthy)
+    retry_at: int = 0  # monotonic ns before which the scan does not retry a failing queue
+
+
+class Syncer:
+    """Runs the syncs of a shard's disk queues on one worker thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pynsqd-sync")
+        self._states: weakref.WeakKeyDictionary[DiskQueue, _State] = weakref.WeakKeyDictionary()
+        self._closed = False
+
+    def attach(self, queue: DiskQueue) -> None:
+        """Run the syncs ``queue`` falls due for from now on here."""
+        queue.on_sync_due = lambda: self.request(queue)
+
+    def request(self, queue: DiskQueue) -> None:
+        """Sync ``queue`` now (or as soon as the sync running for it ends)."""
+        state = self._states.get(queue)
+        if state is None:
+            state = self._states[queue] = _State()
+        if state.running:
+            state.again = True
+            return
+        if self._closed:
+            return
+        state.running = True
+        future = self._loop.run_in_executor(self._pool, queue.sync)
+        future.add_done_callback(lambda fut: self._done(queue, state, fut))
+
+    def maybe(self, queue: DiskQueue, now_ns: int) -> None:
+        """From the scan: sync if ``--sync-timeout`` has passed with activity (a failing
+        queue: once its back-off has passed too)."""
+        if not queue.sync_wanted(now_ns):
+            return
+        state = self._states.get(queue)
+        if state is not None and (state.running or now_ns < state.retry_at):
+            return
+        self.request(queue)
+
+    def _done(self, queue: DiskQueue, state: _State, future: asyncio.Future[None]) -> None:
+        state.running = False
+        exc = None if future.cancelled() else future.exception()
+        if exc is None:
+            if state.failures:
+                log.warning("DISKQUEUE(%s) synced again after %d failed attempt(s)", queue.name, state.failures)
+            state.failures = 0
+            state.retry_at = 0
+        else:
+            state.failures += 1
+            delay = min(RETRY_MIN * 2 ** (state.failures - 1), RETRY_MAX)
+            state.retry_at = time.monotonic_ns() + int(delay)
+            if state.failures == 1:
+                why = str(exc) if isinstance(exc, DiskQueueError) else f"DISKQUEUE({queue.name}) sync failed - {exc!r}"
+                log.error("%s; retrying with back-off (up to %gs)", why, RETRY_MAX / 1e9)
+        if state.again:
+            state.again = False
+            self.request(queue)
+
+    def close(self) -> None:
+        """Wait for the sync running now (shutdown: every queue then syncs inline)."""
+        self._closed = True
+        self._pool.shutdown(wait=True)

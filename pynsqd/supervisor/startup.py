@@ -1,0 +1,89 @@
+"""The once-per-node start of the supervisor, undone whole when it fails.
+
+A start that fails says one line (``UsageError``: ``nsqd: error: ...``, exit status 1) and
+leaves nothing behind: no listening socket, no lock, no ``pynsqd.placement`` and no data
+directory that it created, no inbound ring. ``Startup`` is a context manager that records
+what each step made and, when the block raises, undoes it in reverse order; an ``OSError``
+(a read-only data path, a full disk) becomes the one line naming the file.
+
+The order is the supervisor's: what needs no file first (TLS files, then the listening
+addresses and ports, so ``--tcp-address=nohost`` or a port in use touch nothing on disk),
+then the data path: locked, probed for writing (``nsqd.dat`` and the queues' files must be
+writable, and root passes ``access(2)`` whatever the mode, so a file is really created and
+removed), then the placement table and the rings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import socket
+from collections.abc import Callable
+from types import TracebackType
+
+from pynsqd.node.datapath import lock_data_path
+from pynsqd.node.placement import FILENAME, Placement
+from pynsqd.options import UsageError
+
+PROBE = ".pynsqd-start.tmp"
+
+
+class Startup:
+    """``with Startup(data_dir) as start:`` the supervisor's constructor steps."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = data_dir
+        self._undo: list[Callable[[], None]] = []
+
+    def __enter__(self) -> Startup:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None:
+            return
+        for undo in reversed(self._undo):
+            with contextlib.suppress(OSError):
+                undo()
+        self._undo.clear()
+        if isinstance(exc, OSError):
+            where = f" {exc.filename}" if exc.filename else ""
+            raise UsageError(f"failed to start:{where} - {exc.strerror or exc}") from None
+
+    def on_failure(self, undo: Callable[[], None]) -> None:
+        self._undo.append(undo)
+
+    def close_on_failure(self, sock: socket.socket) -> socket.socket:
+        self._undo.append(sock.close)
+        return sock
+
+    def lock(self) -> int:
+        """Create the data path if needed (removed again on failure), lock it, check that
+        files can be made in it. Returns the lock's fd."""
+        missing = []
+        path = os.path.abspath(self.data_dir)
+        while not os.path.lexists(path):
+            missing.append(path)
+            path = os.path.dirname(path)
+        for made in reversed(missing):  # undone last: after every file in them is gone
+            self._undo.append(functools.partial(os.rmdir, made))
+        fd = lock_data_path(self.data_dir)
+        self._undo.append(lambda: os.close(fd))
+        probe = os.path.join(self.data_dir, PROBE)
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+            os.unlink(probe)
+        except OSError as exc:
+            raise UsageError(f"--data-path={self.data_dir} is not writable - {exc.strerror}") from None
+        return fd
+
+    def placement(self, shards: int) -> Placement:
+        """Open (or create: removed again on failure) the placement table."""
+        path = os.path.join(self.data_dir, FILENAME)
+        existed = os.path.lexists(path)
+        table = Placement(self.data_dir, shards)
+        self._undo.append(table.close)
+        if not existed:
+            self._undo.append(lambda: os.unlink(path))
+        return table
