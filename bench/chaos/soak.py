@@ -1,0 +1,185 @@
+"""One soak: mount the data path, start the node, create the topics, run the clients, inject
+the scheduled faults, stop publishing, drain, check every shard serves, and judge."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from bench.chaos.faults import Faults, schedule
+from bench.chaos.ledger import Ledger, Rules, verdict
+from bench.chaos.load import Consumer, HttpProducer, Mix, TcpProducer
+from bench.chaos.node import PROBE_CHANNEL, Node, raise_own_nofile, tmpfs
+
+MB = 1 << 20
+
+
+@dataclass
+class SoakConfig:
+    duration: float = 600.0  # seconds of load and faults (the drain comes after)
+    faults: int = 24
+    seed: int = 0
+    rate: float = 300.0  # messages/s over all producers
+    topics: int = 12
+    shards: int = 2
+    nofile: int = 1024  # the node's descriptor limit (prlimit)
+    shard_timeout: float = 3.0  # PYNSQD_SHARD_TIMEOUT: the heartbeat deadline
+    tmpfs_size: str = "64m"
+    mem_queue_size: int = 100
+    drain_timeout: float = 120.0
+    hold: float = 4.0  # seconds a full disk or exhausted descriptors are held
+    rss_growth: float = 1.5  # last window's median RSS within this factor of the first's ...
+    rss_slack_mb: float = 64.0  # ... plus this much
+    rss_max_mb: float = 2048.0
+    workdir: str | None = None
+    mix: Mix = field(default_factory=Mix)
+
+
+def channels_of(index: int) -> list[str]:
+    """Two channels per topic, a third ("slow", with pausing consumers) on every third."""
+    return ["a", "b", "slow"] if index % 3 == 0 else ["a", "b"]
+
+
+def run(cfg: SoakConfig) -> dict[str, Any]:
+    raise_own_nofile()
+    with tempfile.TemporaryDirectory(dir=cfg.workdir, prefix="chaos-") as work, \
+            tmpfs(Path(work) / "data", cfg.tmpfs_size) as data:
+        node = Node(data, cfg.shards, cfg.nofile, cfg.shard_timeout, [
+            f"--mem-queue-size={cfg.mem_queue_size}", "--max-bytes-per-file=1048576", "--log-level=info"])
+        try:
+            node.start()
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(_soak(cfg, node))
+        finally:
+            node.stop()
+
+
+async def _soak(cfg: SoakConfig, node: Node) -> dict[str, Any]:
+    rng = random.Random(cfg.seed)
+    topics = [f"chaos{i:02d}" for i in range(cfg.topics)]
+    probes = [f"chaos_probe{i}" for i in range(cfg.shards)]
+    for name in probes:  # first, so each shard owns one (placement takes the least loaded)
+        await asyncio.to_thread(node.create, name, [PROBE_CHANNEL])
+    for i, topic in enumerate(topics):
+        await asyncio.to_thread(node.create, topic, channels_of(i))
+    ledger = Ledger({t: channels_of(i) for i, t in enumerate(topics)})
+    stop_load, stop_consumers = asyncio.Event(), asyncio.Event()
+    consumers = [Consumer(ledger, node.address, t, ch, rng.choice((5, 20, 50)), random.Random(rng.random()),
+                          cfg.mix, pauses=ch == "slow")
+                 for t in topics for ch in ledger.channels[t] for _ in range(1 if ch == "slow" else 2)]
+    tcp_share, http_share = cfg.rate * 0.7 / 3, cfg.rate * 0.3 / 2
+    producers: list[TcpProducer | HttpProducer] = [
+        *(TcpProducer(ledger, node.address, topics, tcp_share, random.Random(rng.random()), cfg.mix) for _ in range(3)),
+        *(HttpProducer(ledger, node.address, topics, http_share, random.Random(rng.random()), cfg.mix)
+          for _ in range(2))]
+    rss: list[tuple[float, int]] = []
+    tasks = [asyncio.create_task(c.run(stop_consumers)) for c in consumers]
+    tasks += [asyncio.create_task(p.run(stop_load)) for p in producers]
+    started = time.monotonic()
+    sampler = asyncio.create_task(_sample_rss(node, rss, started))
+    faults = Faults(node, ledger, random.Random(rng.random()), cfg.hold, cfg.shard_timeout + 3.0)
+    plan = schedule(random.Random(rng.random()), cfg.duration, cfg.faults)
+    injected = await _inject(faults, plan, started, cfg.duration)
+    await asyncio.sleep(max(0.0, started + cfg.duration - time.monotonic()))
+    stop_load.set()
+    drain_start = time.monotonic()
+    for c in consumers:
+        c.finish_all = True
+    while time.monotonic() - drain_start < cfg.drain_timeout and ledger.unsettled():  # noqa: ASYNC110
+        await asyncio.sleep(2)  # a condition over the whole ledger: polled
+    drained_s = time.monotonic() - drain_start
+    await asyncio.sleep(3)  # late repeats still count
+    stuck = {}
+    for name in probes:
+        why = await asyncio.to_thread(node.serves, name)
+        if why is not None:
+            stuck[node.owners().get(name, -1)] = why
+    stop_consumers.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    sampler.cancel()
+    report = verdict(ledger, Rules(msg_timeout=60.0))
+    report.update({
+        "seed": cfg.seed, "duration_s": cfg.duration, "drain_s": round(drained_s, 1),
+        "faults_injected": len(injected), "faults": injected, "node_starts": node.starts,
+        "stuck_shards": stuck, "producer_errors": sum(p.errors for p in producers),
+        "consumer_connections": sum(c.connected for c in consumers), "rss": _rss_summary(cfg, rss),
+        "config": {k: v for k, v in asdict(cfg).items() if k != "mix"}})
+    report["missed"] = missed(report, cfg)
+    return report
+
+
+async def _inject(faults: Faults, plan: list[tuple[float, str]], started: float,
+                  duration: float) -> list[dict[str, Any]]:
+    """Run the plan in order; a fault starts at its moment or once the one before it ended."""
+    done: list[dict[str, Any]] = []
+    for at, kind in plan:
+        await asyncio.sleep(max(0.0, started + at - time.monotonic()))
+        if time.monotonic() - started > duration:
+            break
+        began = time.monotonic()
+        try:
+            outcome = await asyncio.to_thread(faults.run[kind])
+        except Exception as exc:  # the fault could not be injected: say so in the report
+            outcome = {"error": repr(exc)}
+        outcome = {"kind": kind, "at_s": round(began - started, 1), "took_s": round(time.monotonic() - began, 1),
+                   **outcome}
+        print(f"  fault {len(done) + 1}: {outcome}", flush=True)
+        done.append(outcome)
+    return done
+
+
+async def _sample_rss(node: Node, out: list[tuple[float, int]], started: float) -> None:
+    while True:
+        value = await asyncio.to_thread(node.rss)
+        if value:
+            out.append((time.monotonic() - started, value))
+        await asyncio.sleep(1)
+
+
+def _rss_summary(cfg: SoakConfig, samples: list[tuple[float, int]]) -> dict[str, Any]:
+    if not samples:
+        return {"samples": 0}
+    end = samples[-1][0]
+    window = min(60.0, end / 4)
+    first = [v for t, v in samples if t <= window]
+    last = [v for t, v in samples if t >= end - window]
+    by_minute: dict[int, int] = {}
+    for t, v in samples:
+        by_minute[int(t // 60)] = max(by_minute.get(int(t // 60), 0), v)
+    return {"samples": len(samples), "window_s": round(window, 1), "max_mb": round(max(v for _, v in samples) / MB, 1),
+            "first_window_median_mb": round(statistics.median(first) / MB, 1),
+            "last_window_median_mb": round(statistics.median(last) / MB, 1),
+            "max_mb_by_minute": [round(by_minute[m] / MB, 1) for m in sorted(by_minute)]}
+
+
+def missed(report: dict[str, Any], cfg: SoakConfig) -> list[str]:
+    """The targets this run missed (empty: it met them all)."""
+    out = []
+    if report["lost"]:
+        out.append(f"{report['lost']} acknowledged messages lost")
+    if report["early"]:
+        out.append(f"{report['early']} deferred messages delivered early")
+    unexplained = report["duplicates"] - report["duplicates_explained"]
+    if unexplained:
+        out.append(f"{unexplained} duplicates not explained by a crash")
+    if report["unknown_bodies"]:
+        out.append(f"{report['unknown_bodies']} deliveries of bodies never published")
+    if report["stuck_shards"]:
+        out.append(f"shards not serving at the end: {report['stuck_shards']}")
+    if report["faults_injected"] < cfg.faults or any("error" in f for f in report["faults"]):
+        out.append(f"{report['faults_injected']} of {cfg.faults} faults injected, or one failed to be")
+    rss = report["rss"]
+    if rss.get("samples"):
+        bound = rss["first_window_median_mb"] * cfg.rss_growth + cfg.rss_slack_mb
+        if rss["last_window_median_mb"] > bound or rss["max_mb"] > cfg.rss_max_mb:
+            out.append(f"RSS not bounded: last {rss['last_window_median_mb']} MB (bound {bound:.0f}), "
+                       f"max {rss['max_mb']} MB (bound {cfg.rss_max_mb:.0f})")
+    return out
