@@ -27,12 +27,11 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.chaos.soak import SoakConfig, run  # noqa: E402
+from bench.chaos.soak import SoakConfig, run, summary  # noqa: E402
 
 
 def main() -> int:
@@ -51,39 +50,19 @@ def main() -> int:
     parser.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
     parser.add_argument("--workdir", default=None, help="where the data path's mount point is made")
     parser.add_argument("--json", type=Path, default=None, help="also write the full report here")
+    parser.add_argument("--node-log", default=None, help="write the node's output here")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     print(f"chaos soak: seed {seed}, {args.duration:.0f} s, {args.faults} faults", flush=True)
     cfg = SoakConfig(duration=args.duration, faults=args.faults, seed=seed, rate=args.rate, topics=args.topics,
                      shards=args.shards, nofile=args.nofile, shard_timeout=args.shard_timeout,
                      tmpfs_size=args.tmpfs_size, mem_queue_size=args.mem_queue_size,
-                     drain_timeout=args.drain_timeout, workdir=args.workdir)
+                     drain_timeout=args.drain_timeout, workdir=args.workdir, node_log=args.node_log)
     report = run(cfg)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))
     print(summary(report))
     return 1 if report["missed"] else 0
-
-
-def summary(r: dict[str, Any]) -> str:
-    rss = r["rss"]
-    rows = [
-        ("seed", r["seed"]), ("faults injected", f"{r['faults_injected']} "
-                                                 f"({', '.join(sorted({f['kind'] for f in r['faults']}))})"),
-        ("acknowledged", r["acknowledged"]), ("expected deliveries (x channels)", r["expected_deliveries"]),
-        ("delivered", r["delivered"]), ("lost", f"{r['lost']} (never delivered {r['lost_never_delivered']}, "
-                                                f"not finished {r['lost_not_finished']})"),
-        ("delivered early", r["early"]),
-        ("duplicates", f"{r['duplicates']} (explained {r['duplicates_explained']})"),
-        ("duplicates by cause", json.dumps(r["duplicates_by_cause"])),
-        ("stuck shards", json.dumps(r["stuck_shards"]) if r["stuck_shards"] else "none"),
-        ("RSS max / first / last (MB)", f"{rss.get('max_mb')} / {rss.get('first_window_median_mb')} / "
-                                        f"{rss.get('last_window_median_mb')}"),
-        ("drain", f"{r['drain_s']} s"),
-        ("verdict", "target met" if not r["missed"] else "MISSED: " + "; ".join(r["missed"])),
-    ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 if __name__ == "__main__":

@@ -30,14 +30,24 @@ from pynsqd.wire.commands import encode_pub
 
 KINDS = ("shard-kill", "tree-kill", "shard-stop", "disk-full", "fd-exhaustion")
 FD_PROBE_TOPIC = "chaos_fd_probe#ephemeral"
+CONNECTIONS_CAP = 16_000  # the soak's own descriptors are limited too
 
 
 class Faults:
-    def __init__(self, node: Node, ledger: Ledger, rng: random.Random, hold: float, stop_for: float) -> None:
+    def __init__(self, node: Node, ledger: Ledger, rng: random.Random, hold: float, stop_for: float,
+                 nofile: int) -> None:
         self.node, self.ledger, self.rng, self.hold, self.stop_for = node, ledger, rng, hold, stop_for
+        self.nofile = nofile
         self.run: dict[str, Callable[[], dict[str, Any]]] = {
             "shard-kill": self.shard_kill, "tree-kill": self.tree_kill, "shard-stop": self.shard_stop,
             "disk-full": self.disk_full, "fd-exhaustion": self.fd_exhaustion}
+
+    def inject(self, kind: str) -> dict[str, Any]:
+        began = time.monotonic()
+        try:
+            return self.run[kind]()
+        finally:
+            self.ledger.faults.append((began, time.monotonic(), kind))
 
     def _victim(self) -> tuple[int, int]:
         pids = self.node.shard_pids()
@@ -91,22 +101,23 @@ class Faults:
         return {"ballast_bytes": written, "held_s": self.hold}
 
     def fd_exhaustion(self) -> dict[str, Any]:
+        """A burst of ``nofile`` idle connections first (the supervisor holds each until it is
+        handed off, so it runs out), then more in batches until a publish is not served."""
         tcp, http = self.node.address()
         held: list[socket.socket] = []
         served = True
-        cap = 20_000 - 1_000
         try:
-            while served and len(held) < cap:
-                for i in range(64):
+            batch = self.nofile + 64
+            while served and len(held) < CONNECTIONS_CAP:
+                for i in range(batch):
                     try:
-                        sock = socket.create_connection(tcp if i % 2 else http, timeout=1)
+                        sock = socket.create_connection(tcp if i % 4 else http, timeout=1)
                     except OSError:
                         served = False
                         break
-                    if i % 2:
-                        sock.sendall(MAGIC_V2)
                     held.append(sock)
-                served = served and _served(tcp, timeout=1.0)
+                served = served and served(tcp, timeout=1.0)
+                batch = 64
             time.sleep(self.hold)
         finally:
             for sock in held:
@@ -114,14 +125,14 @@ class Faults:
         start = time.monotonic()
         again = None
         while time.monotonic() - start < 30:
-            if _served(tcp, timeout=1.0):
+            if served(tcp, timeout=1.0):
                 again = round(time.monotonic() - start, 2)
                 break
             time.sleep(0.2)
         return {"connections_opened": len(held), "exhausted": not served, "tcp_served_again_after_s": again}
 
 
-def _served(tcp: tuple[str, int], timeout: float) -> bool:
+def served(tcp: tuple[str, int], timeout: float) -> bool:
     """A new TCP connection gets OK for a PUB within ``timeout``."""
     try:
         with socket.create_connection(tcp, timeout=timeout) as sock:

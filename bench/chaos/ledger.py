@@ -77,6 +77,7 @@ class Ledger:
     deliveries: dict[tuple[str, str, int], list[Delivery]] = field(default_factory=dict)
     connections: list[Connection] = field(default_factory=list)
     crashes: list[Crash] = field(default_factory=list)
+    faults: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, kind), crashes too
     unknown_bodies: int = 0
     fin_failed: int = 0
     _seq: int = 0
@@ -146,6 +147,8 @@ def _classify(ledger: Ledger, rules: Rules, topic: str, prev: Delivery, d: Deliv
     conn = ledger.connections[prev.conn]
     if (prev.action_at is None or prev.action_at > d.at) and (conn.closed is None or conn.closed > d.at):
         return "in flight twice (the earlier delivery still held on a live connection)"
+    if prev.action == REQ:
+        return f"another copy while requeued (attempts {prev.attempts} then {d.attempts})"
     crash = _exposed(ledger, topic, prev, d.at, rules.grace)
     if crash is not None:
         if d.attempts >= 2:
@@ -174,12 +177,14 @@ def verdict(ledger: Ledger, rules: Rules) -> dict[str, Any]:
             early.append({"seq": seq, "channel": f"{topic}/{channel}", "kind": pub.kind,
                           "early_by_s": round(pub.sent + pub.defer_ms / 1000 - got[0].at, 3)})
         for prev, d in itertools.pairwise(got):
-            if prev.action == REQ and (prev.action_at is not None and prev.action_at <= d.at):
+            requeued = prev.action == REQ and prev.action_at is not None and prev.action_at <= d.at
+            if requeued and d.attempts > prev.attempts:
                 due = prev.action_at + prev.req_delay_ms / 1000
                 if d.at < due - rules.tolerance and _exposed(ledger, topic, prev, d.at, rules.grace) is None:
                     early.append({"seq": seq, "channel": f"{topic}/{channel}", "kind": f"REQ {prev.req_delay_ms}ms",
                                   "early_by_s": round(due - d.at, 3), "attempts": d.attempts,
-                                  "crash_between": _crash_between(ledger, topic, prev.action_at, d.at)})
+                                  "same_id": prev.msg_id == d.msg_id,
+                                  "faults_between": _faults_between(ledger, prev.action_at, d.at)})
                 continue
             why = _classify(ledger, rules, topic, prev, d)
             duplicates[why] += 1
@@ -187,7 +192,10 @@ def verdict(ledger: Ledger, rules: Rules) -> dict[str, Any]:
                 examples[why].append({"seq": seq, "channel": f"{topic}/{channel}",
                                       "attempts": [prev.attempts, d.attempts], "same_id": prev.msg_id == d.msg_id,
                                       "gap_s": round(d.at - prev.at, 3),
-                                      "crash_between": _crash_between(ledger, topic, prev.at, d.at)})
+                                      "faults_between": _faults_between(ledger, prev.at, d.at)})
+    lost_by = Counter(f"{ledger.published[s].kind}, never delivered" for _, _, s in never)
+    lost_by.update(f"{ledger.published[s].kind}, last {ledger.deliveries[(t, c, s)][-1].action or 'held'}"
+                   for t, c, s in unfinished)
     acked = sum(1 for p in ledger.published.values() if p.acked)
     unacked_delivered = sum(1 for (_, _, seq) in ledger.deliveries
                             if seq in ledger.published and not ledger.published[seq].acked)
@@ -203,6 +211,7 @@ def verdict(ledger: Ledger, rules: Rules) -> dict[str, Any]:
         "lost": len(never) + len(unfinished),
         "lost_never_delivered": len(never),
         "lost_not_finished": len(unfinished),
+        "lost_by_kind": dict(lost_by),
         "lost_examples": [f"{t}/{c}#{s}" for t, c, s in (never + unfinished)[:10]],
         "early": len(early),
         "early_examples": early[:10],
@@ -215,8 +224,5 @@ def verdict(ledger: Ledger, rules: Rules) -> dict[str, Any]:
     }
 
 
-def _crash_between(ledger: Ledger, topic: str, start: float, end: float) -> str | None:
-    for crash in ledger.crashes:
-        if start <= crash.at <= end and crash.hits(topic):
-            return crash.kind
-    return None
+def _faults_between(ledger: Ledger, start: float, end: float) -> list[str]:
+    return [kind for began, ended, kind in ledger.faults if began <= end and ended >= start]

@@ -49,8 +49,8 @@ def seq_of(data: bytes) -> int | None:
 class Mix:
     """What the clients do, as probabilities and bounds."""
 
-    defer_ms: tuple[int, int] = (200, 4000)
-    req_delay_ms: tuple[int, int] = (200, 3000)
+    defer_ms: tuple[int, int] = (200, 10_000)
+    req_delay_ms: tuple[int, int] = (200, 10_000)
     hold_s: tuple[float, float] = (0.3, 2.0)
     touch_every: float = 0.25
     max_attempts: int = 4  # from this attempt on, a consumer FINs whatever it gets
@@ -276,5 +276,5 @@ class Consumer:
             if self.finish_all:
                 return
             writer.write(encode_rdy(0))
-            await asyncio.sleep(self.rng.uniform(2, 6))
+            await asyncio.sleep(self.rng.uniform(5, 15))
             writer.write(encode_rdy(self.rdy))

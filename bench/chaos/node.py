@@ -18,7 +18,7 @@ import httpx
 import psutil
 
 from pynsqd.wire import MAGIC_V2
-from pynsqd.wire.commands import encode_fin, encode_pub, encode_rdy, encode_sub
+from pynsqd.wire.commands import encode_dpub, encode_fin, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE, FrameParser
 from tests.harness import Daemon, remove_segments
 
@@ -48,6 +48,7 @@ class Node:
             env={"PYNSQD_SHARD_TIMEOUT": str(shard_timeout)})
         self._addresses: tuple[tuple[str, int], tuple[str, int]] | None = None
         self.starts = 0
+        self.log: list[str] = []  # the node's output over every start
 
     def start(self) -> None:
         self.daemon.start(timeout=60)
@@ -65,10 +66,12 @@ class Node:
 
     def kill(self) -> None:
         self.daemon.kill()
+        self.log += [*self.daemon.lines, "--- kill -9 of the whole tree ---"]
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self.daemon.stop(timeout=30)
+        self.log += self.daemon.lines
         remove_segments([self.daemon])
 
     # --- processes ------------------------------------------------------------------------
@@ -131,13 +134,14 @@ class Node:
 
     # --- does it serve --------------------------------------------------------------------
     def serves(self, probe_topic: str, timeout: float = 10) -> str | None:
-        """None when a TCP PUB, an HTTP /pub and a TCP SUB of ``probe_topic`` all work; else
-        what failed."""
+        """None when a TCP PUB and DPUB, an HTTP /pub and a TCP SUB of ``probe_topic`` all
+        work, the deferred message included (so the shard's scan still runs); else what
+        failed."""
         try:
             with socket.create_connection(self.address()[0], timeout=timeout) as sock:
-                sock.sendall(MAGIC_V2 + encode_pub(probe_topic, b"tcp"))
-                if _frames(sock, 1) != [(FRAME_RESPONSE, b"OK")]:
-                    return "TCP PUB not acknowledged"
+                sock.sendall(MAGIC_V2 + encode_pub(probe_topic, b"tcp") + encode_dpub(probe_topic, 200, b"deferred"))
+                if _frames(sock, 2) != [(FRAME_RESPONSE, b"OK")] * 2:
+                    return "TCP PUB/DPUB not acknowledged"
         except OSError as exc:
             return f"TCP PUB failed: {exc!r}"
         try:
@@ -146,15 +150,16 @@ class Node:
                 return f"HTTP /pub answered {resp.status_code}"
         except httpx.HTTPError as exc:
             return f"HTTP /pub failed: {exc!r}"
+        got: list[tuple[int, bytes]] = []
         try:
             with socket.create_connection(self.address()[0], timeout=timeout) as sock:
                 sock.sendall(MAGIC_V2 + encode_sub(probe_topic, PROBE_CHANNEL) + encode_rdy(10))
-                got = [f for f in _frames(sock, 3) if f[0] == FRAME_MESSAGE]
-                if len(got) != 2:
-                    return f"TCP SUB got {len(got)} of 2 messages"
+                got = [f for f in _frames(sock, 4) if f[0] == FRAME_MESSAGE]
+                if len(got) != 3:
+                    return f"TCP SUB got {len(got)} of 3 messages"
                 sock.sendall(b"".join(encode_fin(data[10:26]) for _, data in got))
         except OSError as exc:
-            return f"TCP SUB failed: {exc!r}"
+            return f"TCP SUB: {len(got)} of 3 messages, then {exc!r}"
         return None
 
 

@@ -4,6 +4,7 @@ the scheduled faults, stop publishing, drain, check every shard serves, and judg
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import statistics
 import tempfile
@@ -14,7 +15,7 @@ from typing import Any
 
 import uvloop
 
-from bench.chaos.faults import Faults, schedule
+from bench.chaos.faults import Faults, schedule, served
 from bench.chaos.ledger import Ledger, Rules, verdict
 from bench.chaos.load import Consumer, HttpProducer, Mix, TcpProducer
 from bench.chaos.node import PROBE_CHANNEL, Node, raise_own_nofile, tmpfs
@@ -33,7 +34,8 @@ class SoakConfig:
     nofile: int = 1024  # the node's descriptor limit (prlimit)
     shard_timeout: float = 3.0  # PYNSQD_SHARD_TIMEOUT: the heartbeat deadline
     tmpfs_size: str = "64m"
-    mem_queue_size: int = 100
+    mem_queue_size: int = 50
+    node_log: str | None = None  # write the node's output here at the end
     drain_timeout: float = 120.0
     hold: float = 4.0  # seconds a full disk or exhausted descriptors are held
     rss_growth: float = 1.5  # last window's median RSS within this factor of the first's ...
@@ -60,6 +62,8 @@ def run(cfg: SoakConfig) -> dict[str, Any]:
                 return runner.run(_soak(cfg, node))
         finally:
             node.stop()
+            if cfg.node_log:
+                Path(cfg.node_log).write_text("\n".join(node.log) + "\n")
 
 
 async def _soak(cfg: SoakConfig, node: Node) -> dict[str, Any]:
@@ -85,7 +89,8 @@ async def _soak(cfg: SoakConfig, node: Node) -> dict[str, Any]:
     tasks += [asyncio.create_task(p.run(stop_load)) for p in producers]
     started = time.monotonic()
     sampler = asyncio.create_task(_sample_rss(node, rss, started))
-    faults = Faults(node, ledger, random.Random(rng.random()), cfg.hold, cfg.shard_timeout + 3.0)
+    faults = Faults(node, ledger, random.Random(rng.random()), cfg.hold, cfg.shard_timeout + 3.0,
+                    cfg.nofile)
     plan = schedule(random.Random(rng.random()), cfg.duration, cfg.faults)
     injected = await _inject(faults, plan, started, cfg.duration)
     await asyncio.sleep(max(0.0, started + cfg.duration - time.monotonic()))
@@ -97,11 +102,13 @@ async def _soak(cfg: SoakConfig, node: Node) -> dict[str, Any]:
         await asyncio.sleep(2)  # a condition over the whole ledger: polled
     drained_s = time.monotonic() - drain_start
     await asyncio.sleep(3)  # late repeats still count
-    stuck = {}
+    stuck: dict[str, str] = {}
+    if not await asyncio.to_thread(served, node.address()[0], 10.0):
+        stuck["supervisor"] = "a new TCP connection is not served"
     for name in probes:
         why = await asyncio.to_thread(node.serves, name)
         if why is not None:
-            stuck[node.owners().get(name, -1)] = why
+            stuck[f"shard {node.owners().get(name, -1)}"] = why
     stop_consumers.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     sampler.cancel()
@@ -126,7 +133,7 @@ async def _inject(faults: Faults, plan: list[tuple[float, str]], started: float,
             break
         began = time.monotonic()
         try:
-            outcome = await asyncio.to_thread(faults.run[kind])
+            outcome = await asyncio.to_thread(faults.inject, kind)
         except Exception as exc:  # the fault could not be injected: say so in the report
             outcome = {"error": repr(exc)}
         outcome = {"kind": kind, "at_s": round(began - started, 1), "took_s": round(time.monotonic() - began, 1),
@@ -183,3 +190,24 @@ def missed(report: dict[str, Any], cfg: SoakConfig) -> list[str]:
             out.append(f"RSS not bounded: last {rss['last_window_median_mb']} MB (bound {bound:.0f}), "
                        f"max {rss['max_mb']} MB (bound {cfg.rss_max_mb:.0f})")
     return out
+
+
+def summary(r: dict[str, Any]) -> str:
+    rss = r["rss"]
+    rows = [
+        ("seed", r["seed"]), ("faults injected", f"{r['faults_injected']} "
+                                                 f"({', '.join(sorted({f['kind'] for f in r['faults']}))})"),
+        ("acknowledged", r["acknowledged"]), ("expected deliveries (x channels)", r["expected_deliveries"]),
+        ("delivered", r["delivered"]), ("lost", f"{r['lost']} (never delivered {r['lost_never_delivered']}, "
+                                                f"not finished {r['lost_not_finished']})"),
+        ("delivered early", r["early"]),
+        ("duplicates", f"{r['duplicates']} (explained {r['duplicates_explained']})"),
+        ("duplicates by cause", json.dumps(r["duplicates_by_cause"])),
+        ("stuck shards", json.dumps(r["stuck_shards"]) if r["stuck_shards"] else "none"),
+        ("RSS max / first / last (MB)", f"{rss.get('max_mb')} / {rss.get('first_window_median_mb')} / "
+                                        f"{rss.get('last_window_median_mb')}"),
+        ("drain", f"{r['drain_s']} s"),
+        ("verdict", "target met" if not r["missed"] else "MISSED: " + "; ".join(r["missed"])),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
