@@ -105,18 +105,18 @@ class Faults:
         handed off, so it runs out), then more in batches until a publish is not served."""
         tcp, http = self.node.address()
         held: list[socket.socket] = []
-        served = True
+        ok = True
         try:
             batch = self.nofile + 64
-            while served and len(held) < CONNECTIONS_CAP:
+            while ok and len(held) < CONNECTIONS_CAP:
                 for i in range(batch):
                     try:
                         sock = socket.create_connection(tcp if i % 4 else http, timeout=1)
                     except OSError:
-                        served = False
+                        ok = False
                         break
                     held.append(sock)
-                served = served and served(tcp, timeout=1.0)
+                ok = ok and served(tcp, timeout=1.0)
                 batch = 64
             time.sleep(self.hold)
         finally:
@@ -129,7 +129,7 @@ class Faults:
                 again = round(time.monotonic() - start, 2)
                 break
             time.sleep(0.2)
-        return {"connections_opened": len(held), "exhausted": not served, "tcp_served_again_after_s": again}
+        return {"connections_opened": len(held), "exhausted": not ok, "tcp_served_again_after_s": again}
 
 
 def served(tcp: tuple[str, int], timeout: float) -> bool:
