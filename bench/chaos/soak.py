@@ -21,6 +21,7 @@ from bench.chaos.load import Consumer, HttpProducer, Mix, TcpProducer
 from bench.chaos.node import PROBE_CHANNEL, Node, raise_own_nofile, tmpfs
 
 MB = 1 << 20
+MIN_GAP = 2.0  # seconds of plain load between two faults
 
 
 @dataclass
@@ -125,10 +126,12 @@ async def _soak(cfg: SoakConfig, node: Node) -> dict[str, Any]:
 
 async def _inject(faults: Faults, plan: list[tuple[float, str]], started: float,
                   duration: float) -> list[dict[str, Any]]:
-    """Run the plan in order; a fault starts at its moment or once the one before it ended."""
+    """Run the plan in order; a fault starts at its moment, and ``MIN_GAP`` after the one
+    before it ended at the earliest."""
     done: list[dict[str, Any]] = []
+    free_at = started
     for at, kind in plan:
-        await asyncio.sleep(max(0.0, started + at - time.monotonic()))
+        await asyncio.sleep(max(0.0, started + at - time.monotonic(), free_at + MIN_GAP - time.monotonic()))
         if time.monotonic() - started > duration:
             break
         began = time.monotonic()
@@ -138,6 +141,7 @@ async def _inject(faults: Faults, plan: list[tuple[float, str]], started: float,
             outcome = {"error": repr(exc)}
         outcome = {"kind": kind, "at_s": round(began - started, 1), "took_s": round(time.monotonic() - began, 1),
                    **outcome}
+        free_at = time.monotonic()
         print(f"  fault {len(done) + 1}: {outcome}", flush=True)
         done.append(outcome)
     return done
@@ -181,8 +185,17 @@ def missed(report: dict[str, Any], cfg: SoakConfig) -> list[str]:
         out.append(f"{report['unknown_bodies']} deliveries of bodies never published")
     if report["stuck_shards"]:
         out.append(f"shards not serving at the end: {report['stuck_shards']}")
-    if report["faults_injected"] < cfg.faults or any("error" in f for f in report["faults"]):
-        out.append(f"{report['faults_injected']} of {cfg.faults} faults injected, or one failed to be")
+    if report["faults_injected"] < cfg.faults:
+        out.append(f"{report['faults_injected']} of {cfg.faults} faults injected")
+    for i, f in enumerate(report["faults"], 1):
+        if "error" in f:
+            out.append(f"fault {i} ({f['kind']}) could not be injected: {f['error']}")
+        elif f["kind"] in ("shard-kill", "shard-stop") and f["back_after_s"] is None:
+            out.append(f"fault {i} ({f['kind']}): shard {f['shard']} not serving again within 60 s")
+        elif f["kind"] == "fd-exhaustion" and not f["exhausted"]:
+            out.append(f"fault {i} (fd-exhaustion): {f['connections_opened']} connections did not exhaust the node")
+        elif f["kind"] == "fd-exhaustion" and f["tcp_served_again_after_s"] is None:
+            out.append(f"fault {i} (fd-exhaustion): TCP not served within 30 s of the descriptors' release")
     rss = report["rss"]
     if rss.get("samples"):
         bound = rss["first_window_median_mb"] * cfg.rss_growth + cfg.rss_slack_mb
