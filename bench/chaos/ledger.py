@@ -177,14 +177,14 @@ def verdict(ledger: Ledger, rules: Rules) -> dict[str, Any]:
             early.append({"seq": seq, "channel": f"{topic}/{channel}", "kind": pub.kind,
                           "early_by_s": round(pub.sent + pub.defer_ms / 1000 - got[0].at, 3)})
         for prev, d in itertools.pairwise(got):
-            requeued = prev.action == REQ and prev.action_at is not None and prev.action_at <= d.at
-            if requeued and d.attempts > prev.attempts:
-                due = prev.action_at + prev.req_delay_ms / 1000
+            req_at = prev.action_at if prev.action == REQ else None
+            if req_at is not None and req_at <= d.at and d.attempts > prev.attempts:
+                due = req_at + prev.req_delay_ms / 1000
                 if d.at < due - rules.tolerance and _exposed(ledger, topic, prev, d.at, rules.grace) is None:
                     early.append({"seq": seq, "channel": f"{topic}/{channel}", "kind": f"REQ {prev.req_delay_ms}ms",
                                   "early_by_s": round(due - d.at, 3), "attempts": d.attempts,
                                   "same_id": prev.msg_id == d.msg_id,
-                                  "faults_between": _faults_between(ledger, prev.action_at, d.at)})
+                                  "faults_between": _faults_between(ledger, req_at, d.at)})
                 continue
             why = _classify(ledger, rules, topic, prev, d)
             duplicates[why] += 1
