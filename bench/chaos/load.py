@@ -79,13 +79,23 @@ class Frames:
         return self.pending.pop(0)
 
 
-class TcpProducer:
-    """One connection, one command at a time: PUB, MPUB of 2-20 or DPUB, at ``rate`` msgs/s."""
+class Producer:
+    """What both producers share: where they publish, how fast, and the ledger entry of
+    each new message."""
 
     def __init__(self, ledger: Ledger, address: Address, topics: list[str], rate: float,
                  rng: random.Random, mix: Mix) -> None:
         self.ledger, self.address, self.topics, self.rate, self.rng, self.mix = ledger, address, topics, rate, rng, mix
         self.errors = 0
+
+    def _new(self, topic: str, kind: str, now: float, defer_ms: int = 0) -> tuple[Publish, bytes]:
+        seq = self.ledger.next_seq()
+        return self.ledger.publish(seq, topic, kind, now, defer_ms), body(self.rng, seq)
+
+
+class TcpProducer(Producer):
+    """One connection, one command at a time: PUB, MPUB of 2-20 or DPUB, at ``rate`` msgs/s."""
+
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -128,18 +138,10 @@ class TcpProducer:
                 p.acked = True
             await asyncio.sleep(len(pubs) / self.rate)
 
-    def _new(self, topic: str, kind: str, now: float, defer_ms: int = 0) -> tuple[Publish, bytes]:
-        seq = self.ledger.next_seq()
-        return self.ledger.publish(seq, topic, kind, now, defer_ms), body(self.rng, seq)
 
-
-class HttpProducer:
+class HttpProducer(Producer):
     """``/pub``, ``/pub?defer=`` and ``/mpub`` (newline-separated) at ``rate`` msgs/s."""
 
-    def __init__(self, ledger: Ledger, address: Address, topics: list[str], rate: float,
-                 rng: random.Random, mix: Mix) -> None:
-        self.ledger, self.address, self.topics, self.rate, self.rng, self.mix = ledger, address, topics, rate, rng, mix
-        self.errors = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         rng = self.rng
@@ -172,10 +174,6 @@ class HttpProducer:
                 else:
                     self.errors += 1
                 await asyncio.sleep(len(pubs) / self.rate)
-
-    def _new(self, topic: str, kind: str, now: float, defer_ms: int = 0) -> tuple[Publish, bytes]:
-        seq = self.ledger.next_seq()
-        return self.ledger.publish(seq, topic, kind, now, defer_ms), body(self.rng, seq)
 
 
 class Consumer:

@@ -17,7 +17,7 @@ import uvloop
 
 from bench.chaos.faults import Faults, schedule, served
 from bench.chaos.ledger import Ledger, Rules, verdict
-from bench.chaos.load import Consumer, HttpProducer, Mix, TcpProducer
+from bench.chaos.load import Consumer, HttpProducer, Mix, Producer, TcpProducer
 from bench.chaos.node import PROBE_CHANNEL, Node, raise_own_nofile, tmpfs
 
 MB = 1 << 20
@@ -81,7 +81,7 @@ async def _soak(cfg: SoakConfig, node: Node) -> dict[str, Any]:
                           cfg.mix, pauses=ch == "slow")
                  for t in topics for ch in ledger.channels[t] for _ in range(1 if ch == "slow" else 2)]
     tcp_share, http_share = cfg.rate * 0.7 / 3, cfg.rate * 0.3 / 2
-    producers: list[TcpProducer | HttpProducer] = [
+    producers: list[Producer] = [
         *(TcpProducer(ledger, node.address, topics, tcp_share, random.Random(rng.random()), cfg.mix) for _ in range(3)),
         *(HttpProducer(ledger, node.address, topics, http_share, random.Random(rng.random()), cfg.mix)
           for _ in range(2))]
