@@ -88,6 +88,9 @@ class Producer:
         self.ledger, self.address, self.topics, self.rate, self.rng, self.mix = ledger, address, topics, rate, rng, mix
         self.errors = 0
 
+    async def run(self, stop: asyncio.Event) -> None:
+        raise NotImplementedError
+
     def _new(self, topic: str, kind: str, now: float, defer_ms: int = 0) -> tuple[Publish, bytes]:
         seq = self.ledger.next_seq()
         return self.ledger.publish(seq, topic, kind, now, defer_ms), body(self.rng, seq)
@@ -95,7 +98,6 @@ class Producer:
 
 class TcpProducer(Producer):
     """One connection, one command at a time: PUB, MPUB of 2-20 or DPUB, at ``rate`` msgs/s."""
-
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -141,7 +143,6 @@ class TcpProducer(Producer):
 
 class HttpProducer(Producer):
     """``/pub``, ``/pub?defer=`` and ``/mpub`` (newline-separated) at ``rate`` msgs/s."""
-
 
     async def run(self, stop: asyncio.Event) -> None:
         rng = self.rng
