@@ -8,6 +8,7 @@ Each body is ``<sequence> <padding>``: the sequence is unique over the run.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import random
 import time
@@ -79,7 +80,7 @@ class Frames:
         return self.pending.pop(0)
 
 
-class Producer:
+class Producer(abc.ABC):
     """What both producers share: where they publish, how fast, and the ledger entry of
     each new message."""
 
@@ -88,8 +89,9 @@ class Producer:
         self.ledger, self.address, self.topics, self.rate, self.rng, self.mix = ledger, address, topics, rate, rng, mix
         self.errors = 0
 
+    @abc.abstractmethod
     async def run(self, stop: asyncio.Event) -> None:
-        raise NotImplementedError
+        """Publish until ``stop`` is set."""
 
     def _new(self, topic: str, kind: str, now: float, defer_ms: int = 0) -> tuple[Publish, bytes]:
         seq = self.ledger.next_seq()
