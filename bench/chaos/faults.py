@@ -38,6 +38,7 @@ class Faults:
                  nofile: int) -> None:
         self.node, self.ledger, self.rng, self.hold, self.stop_for = node, ledger, rng, hold, stop_for
         self.nofile = nofile
+        self.victims: set[int] = set()  # pids this soak killed or stopped itself
         self.run: dict[str, Callable[[], dict[str, Any]]] = {
             "shard-kill": self.shard_kill, "tree-kill": self.tree_kill, "shard-stop": self.shard_stop,
             "disk-full": self.disk_full, "fd-exhaustion": self.fd_exhaustion}
@@ -54,6 +55,7 @@ class Faults:
         if not pids:
             raise RuntimeError("no shard process found")
         index = self.rng.choice(sorted(pids))
+        self.victims.add(pids[index])
         return index, pids[index]
 
     def shard_kill(self) -> dict[str, Any]:

@@ -12,9 +12,10 @@ its topic must deliver it. A *pair* is (channel, sequence). The verdict:
   been applied;
 - **duplicates**: a delivery after one that was finished, or while it was still held. A
   duplicate is *explained* when the earlier delivery was in flight at a crash of the shard
-  that owns the topic (delivered before the crash moment, on a connection the crash cut,
-  and not finished more than ``grace`` seconds before it: a FIN has no answer, so one sent
-  just before a crash may never have been applied) and the new delivery has attempts >= 2.
+  that owns the topic (on a connection the crash cut, and not finished more than ``grace``
+  seconds before it: a FIN has no answer, so one sent just before a crash may never have
+  been applied) and the new delivery has attempts >= 2. A crash is one the soak injected or
+  a shard death the supervisor logged (listed in the report as unplanned).
   Every other duplicate is classified by what the earlier delivery went through.
 
 Times are ``time.monotonic()`` of the soak process; the node runs on the same host.
@@ -22,7 +23,6 @@ Times are ``time.monotonic()`` of the soak process; the node runs on the same ho
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
@@ -129,13 +129,16 @@ class Rules:
 
 
 def _exposed(ledger: Ledger, topic: str, d: Delivery, before: float, grace: float) -> Crash | None:
-    """The first crash that caught delivery ``d`` in flight (before the next delivery)."""
+    """The first crash (before ``before``, the next delivery) that caught delivery ``d`` in
+    flight: it hit the topic's shard while ``d``'s connection was open, and ``d`` was not
+    finished or requeued by then (or only ``grace`` seconds before). ``d`` itself may have
+    been read after the crash moment: frames the shard sent before it stopped are still
+    read from the socket."""
     conn = ledger.connections[d.conn]
-    i = bisect.bisect_left([c.at for c in ledger.crashes], d.at)
-    for crash in ledger.crashes[i:]:
+    for crash in ledger.crashes:
         if crash.at > before:
             return None
-        if not crash.hits(topic) or (conn.closed is not None and conn.closed < crash.at):
+        if not crash.hits(topic) or crash.at < conn.opened or (conn.closed is not None and conn.closed < crash.at):
             continue
         if d.action_at is None or d.action_at > crash.at - grace:
             return crash

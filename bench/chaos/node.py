@@ -5,8 +5,10 @@ its process tree's RSS sampled, and whether every shard still serves."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -49,11 +51,24 @@ class Node:
         self._addresses: tuple[tuple[str, int], tuple[str, int]] | None = None
         self.starts = 0
         self.log: list[str] = []  # the node's output over every start
+        self._read = 0  # lines of the running daemon's output already handed out
+        self._unread: list[str] = []  # lines of a killed daemon not yet handed out
+        self.started_at = 0.0
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         self.daemon.start(timeout=60)
+        self._read = 0
         self._addresses = (self.daemon.tcp, self.daemon.http)
         self.starts += 1
+
+    def new_lines(self) -> list[str]:
+        """The node's output since the last call (across a restart too)."""
+        out, self._unread = self._unread, []
+        lines = self.daemon.lines
+        out += lines[self._read:]
+        self._read = len(lines)
+        return out
 
     def address(self) -> tuple[tuple[str, int], tuple[str, int]]:
         assert self._addresses is not None
@@ -66,6 +81,7 @@ class Node:
 
     def kill(self) -> None:
         self.daemon.kill()
+        self._unread += self.daemon.lines[self._read:]
         self.log += [*self.daemon.lines, "--- kill -9 of the whole tree ---"]
 
     def stop(self) -> None:
@@ -161,6 +177,20 @@ class Node:
         except OSError as exc:
             return f"TCP SUB: {len(got)} of 3 messages, then {exc!r}"
         return None
+
+
+_DEATH = re.compile(r"^\[nsqd\] (\S+ \S+) ERROR: shard (\d+) \(pid (\d+)\)"
+                    r"(?:: no heartbeat for ([\d.]+)s| was killed| exited with status)")
+
+
+def death(line: str) -> tuple[float, int, int] | None:
+    """``(wall time the shard stopped working, index, pid)`` if ``line`` is the supervisor
+    logging a shard's death or its killing for a silent loop (silent since then)."""
+    m = _DEATH.match(line)
+    if m is None:
+        return None
+    wall = datetime.datetime.strptime(m.group(1), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+    return wall - float(m.group(4) or 0), int(m.group(2)), int(m.group(3))
 
 
 def _frames(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:

@@ -18,7 +18,7 @@ import uvloop
 from bench.chaos.faults import Faults, schedule, served
 from bench.chaos.ledger import Ledger, Rules, verdict
 from bench.chaos.load import Consumer, HttpProducer, Mix, Producer, TcpProducer
-from bench.chaos.node import PROBE_CHANNEL, Node, raise_own_nofile, tmpfs
+from bench.chaos.node import PROBE_CHANNEL, Node, death, raise_own_nofile, tmpfs
 
 MB = 1 << 20
 MIN_GAP = 2.0  # seconds of plain load between two faults
@@ -89,9 +89,10 @@ async def _soak(cfg: SoakConfig, node: Node) -> dict[str, Any]:
     tasks = [asyncio.create_task(c.run(stop_consumers)) for c in consumers]
     tasks += [asyncio.create_task(p.run(stop_load)) for p in producers]
     started = time.monotonic()
-    sampler = asyncio.create_task(_sample_rss(node, rss, started))
     faults = Faults(node, ledger, random.Random(rng.random()), cfg.hold, cfg.shard_timeout + 3.0,
                     cfg.nofile)
+    unplanned: list[str] = []
+    sampler = asyncio.create_task(_watch(node, faults, rss, unplanned, started))
     plan = schedule(random.Random(rng.random()), cfg.duration, cfg.faults)
     injected = await _inject(faults, plan, started, cfg.duration)
     await asyncio.sleep(max(0.0, started + cfg.duration - time.monotonic()))
@@ -117,7 +118,7 @@ async def _soak(cfg: SoakConfig, node: Node) -> dict[str, Any]:
     report.update({
         "seed": cfg.seed, "duration_s": cfg.duration, "drain_s": round(drained_s, 1),
         "faults_injected": len(injected), "faults": injected, "node_starts": node.starts,
-        "stuck_shards": stuck, "producer_errors": sum(p.errors for p in producers),
+        "stuck_shards": stuck, "unplanned_crashes": unplanned, "producer_errors": sum(p.errors for p in producers),
         "consumer_connections": sum(c.connected for c in consumers), "rss": _rss_summary(cfg, rss),
         "config": {k: v for k, v in asdict(cfg).items() if k != "mix"}})
     report["missed"] = missed(report, cfg)
@@ -147,11 +148,24 @@ async def _inject(faults: Faults, plan: list[tuple[float, str]], started: float,
     return done
 
 
-async def _sample_rss(node: Node, out: list[tuple[float, int]], started: float) -> None:
+async def _watch(node: Node, faults: Faults, rss: list[tuple[float, int]], unplanned: list[str],
+                 started: float) -> None:
+    """Every second: the node's RSS, and shard deaths this soak did not cause (the
+    supervisor killing a shard whose loop went silent, a crash), which are crashes too."""
+    seen: set[int] = set()
     while True:
         value = await asyncio.to_thread(node.rss)
         if value:
-            out.append((time.monotonic() - started, value))
+            rss.append((time.monotonic() - started, value))
+        for line in node.new_lines():
+            found = death(line)
+            if found is None or found[2] in faults.victims or found[2] in seen:
+                continue
+            wall, index, pid = found
+            seen.add(pid)
+            at = max(wall - time.time() + time.monotonic(), node.started_at)
+            faults.ledger.crash(at, "unplanned shard death", node.topics_of(index))
+            unplanned.append(line)
         await asyncio.sleep(1)
 
 
@@ -217,6 +231,7 @@ def summary(r: dict[str, Any]) -> str:
         ("duplicates", f"{r['duplicates']} (explained {r['duplicates_explained']})"),
         ("duplicates by cause", json.dumps(r["duplicates_by_cause"])),
         ("stuck shards", json.dumps(r["stuck_shards"]) if r["stuck_shards"] else "none"),
+        ("unplanned crashes", len(r["unplanned_crashes"])),
         ("RSS max / first / last (MB)", f"{rss.get('max_mb')} / {rss.get('first_window_median_mb')} / "
                                         f"{rss.get('last_window_median_mb')}"),
         ("drain", f"{r['drain_s']} s"),
