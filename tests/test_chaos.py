@@ -25,7 +25,7 @@ SEED = 20261126
 def test_a_minute_of_chaos_loses_nothing_and_repeats_only_what_a_crash_had_in_flight(tmp_path: Path) -> None:
     report = run(SoakConfig(duration=55, faults=len(KINDS), seed=SEED, rate=100, topics=6, drain_timeout=60,
                             workdir=str(tmp_path), node_log=str(tmp_path / "node.log")))
+    assert not report["missed"], f"{summary(report)}\n(the node's output: {tmp_path / 'node.log'})"
     assert sorted(f["kind"] for f in report["faults"]) == sorted(KINDS), report["faults"]
     assert report["acknowledged"] > 1000 and report["node_starts"] == 2
-    assert not report["missed"], f"{summary(report)}\n(the node's output: {tmp_path / 'node.log'})"
     assert not [line for line in Path("/proc/mounts").read_text().splitlines() if str(tmp_path) in line]
