@@ -1,5 +1,11 @@
 """uvicorn embedded in a daemon's own event loop, on a socket the daemon bound itself or on
-connections accepted by another process (an nsqd shard's, ``supervisor/httpaccept.py``)."""
+connections accepted by another process (an nsqd shard's, ``supervisor/httpaccept.py``).
+
+uvicorn runs the listening sockets, TLS, the ``date`` header and graceful shutdown; every
+connection is served by pynsqd's own protocol (``httpconn.py``), which bounds each request's
+head and serves nsqd's publishes inline. That protocol is built on the arguments uvicorn
+hands a connection class (``config``, ``server_state``), which is why pyproject.toml pins
+the uvicorn versions it is tested with."""
 
 from __future__ import annotations
 
@@ -12,6 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
+
+from pynsqd.httpconn import DEFAULT_MAX_BODY, Publisher, http_protocol
 
 log = logging.getLogger("pynsqd.http")
 
@@ -43,15 +51,16 @@ class EmbeddedServer(uvicorn.Server):
             log.debug("connection dropped before it was served - %r", exc)
 
 
-def embedded_server(app: Any, ssl_context: ssl.SSLContext | None = None,
-                    http: type[asyncio.Protocol] | None = None) -> EmbeddedServer:
+def embedded_server(app: Any, ssl_context: ssl.SSLContext | None = None, publisher: Publisher | None = None,
+                    max_body: int = DEFAULT_MAX_BODY) -> EmbeddedServer:
     """A server for ``app`` with pynsqd's settings: no lifespan, no access log, no
     ``Server`` header, no proxy-header rewriting, errors through the ``pynsqd`` logging
-    setup; httptools' parser (uvicorn's ``HttpToolsProtocol``), or the connection protocol
-    class ``http`` (a shard's, ``shard/httpconn.py``). With ``ssl_context`` it serves HTTPS
-    with that context (the daemon's own TLS settings)."""
+    setup; connections served by ``httpconn.HTTPConnection`` (with ``publisher``: nsqd's
+    publishes inline; without: request bodies up to ``max_body`` bytes). With
+    ``ssl_context`` it serves HTTPS with that context (the daemon's own TLS settings)."""
     config = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, proxy_headers=False,
-                            server_header=False, timeout_graceful_shutdown=5, http=http or "httptools")
+                            server_header=False, timeout_graceful_shutdown=5,
+                            http=http_protocol(publisher, max_body))
     if ssl_context is not None:
         config.load()
         config.ssl = ssl_context

@@ -241,6 +241,7 @@ def test_pub_and_its_errors(http: httpx.Client) -> None:
     expect(http.post("/pub?topic=p&defer=-1", content=b"x"), 400, "INVALID_DEFER")
     expect(http.post("/pub?topic=p&defer=3600001", content=b"x"), 400, "INVALID_DEFER")
     expect(http.post("/pub?topic=p&x=%zz", content=b"x"), 400, "INVALID_REQUEST")
+    expect(http.post("/pub?topic=%ff", content=b"x"), 400, "INVALID_TOPIC")  # Go parses any bytes
     assert stats(http)["topics"][0]["depth"] == 1
 
 

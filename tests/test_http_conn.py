@@ -1,4 +1,4 @@
-"""A shard's HTTP connection protocol (``shard/httpconn.py``) on the wire, over raw sockets:
+"""The HTTP connection protocol (``httpconn.py``) of an nsqd shard on the wire, over raw sockets:
 pipelining, keep-alive and ``Connection: close``, ``Expect: 100-continue``, bad requests."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from pynsqd import NSQ_VERSION
-from pynsqd.lookupd.http import go_json, parse_query
+from pynsqd.httpkit import go_json, parse_query
 from pynsqd.wire.lookup import IdentifyInfo, encode_register
 from tests.harness import Daemon
 from tests.lookupd_helpers import Producer, http, lookupd

@@ -4,11 +4,12 @@ Theory of operation
 -------------------
 ``AdminHTTP`` is a plain ASGI app. It strips ``--base-path`` (anything outside it is 404),
 then matches the path against a table of ``(method, pattern, handler)`` as nsqadmin's
-httprouter does: an unknown path is 404 ``NOT_FOUND``, a known path with another method 405
-``METHOD_NOT_ALLOWED``. API handlers return data or raise ``HTTPError``; ``AllFailed`` from
-the cluster becomes 502 ``UPSTREAM_ERROR: <why>``; partial failures become a 200 whose
-``message`` is ``WARNING: <why>; <why>``. JSON goes out as NSQ's ``internal/http_api`` V1
-writes it (``application/json; charset=utf-8``, ``X-NSQ-Content-Type: nsq; version=1.0``,
+httprouter does (``httpkit.Router``): an unknown path is 404 ``NOT_FOUND``, a known path
+with another method 405 ``METHOD_NOT_ALLOWED``, a GET with a trailing slash 301. API
+handlers return data or raise ``HTTPError``; ``AllFailed`` from the cluster becomes 502
+``UPSTREAM_ERROR: <why>``; partial failures become a 200 whose ``message`` is ``WARNING:
+<why>; <why>``. JSON goes out as NSQ's ``internal/http_api`` V1 writes it
+(``application/json; charset=utf-8``, ``X-NSQ-Content-Type: nsq; version=1.0``,
 ``{"message": CODE}`` for errors). Every POST/DELETE under ``/api`` is privileged: with
 ``--admin-user`` set, the ``--acl-http-header`` value must name one of them, else 403
 ``FORBIDDEN``. Each action, once done, sends the notification POST (``node.notify``).
@@ -23,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ipaddress
-import re
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
@@ -40,7 +40,7 @@ from pynsqd.admin import actions
 from pynsqd.admin.aggregate import node_topic, total_channel, total_topic
 from pynsqd.admin.cluster import AllFailed, Cluster
 from pynsqd.admin.pages import PAGES, render_index
-from pynsqd.lookupd.http import JSON_TYPE, NSQ_CONTENT_TYPE, HTTPError, go_json
+from pynsqd.httpkit import HTTPError, Router, error_response, json_response
 from pynsqd.options import SECOND, config_value
 from pynsqd.wire.names import is_valid_name
 
@@ -50,12 +50,6 @@ if TYPE_CHECKING:
 Handler = Callable[[Request, dict[str, str]], Awaitable[Any]]
 _STATIC_TYPES = {".js": "application/javascript", ".css": "text/css; charset=utf-8",
                  ".svg": "image/svg+xml", ".png": "image/png", ".ico": "image/x-icon"}
-_NAME = r"(?P<{}>[^/]+)"
-
-
-def _pattern(path: str) -> re.Pattern[str]:
-    out = re.sub(r":(\w+)", lambda m: _NAME.format(m.group(1)), path)
-    return re.compile(f"^{out}$")
 
 
 def warn(messages: list[str]) -> str:
@@ -88,7 +82,7 @@ class AdminHTTP:
         ]
         if self.options.proxy_graphite:
             table.append(("GET", "/render", self.render_proxy))
-        self.routes = [(method, _pattern(path), handler) for method, path, handler in table]
+        self.router: Router[Handler] = Router(table)
 
     def app(self) -> Any:
         return GZipMiddleware(self, minimum_size=1024)
@@ -105,29 +99,21 @@ class AdminHTTP:
             elif path.startswith(self.base + "/"):
                 path = path[len(self.base):]
             else:
-                await _error(404, "NOT_FOUND")(scope, receive, send)
+                await error_response(404, "NOT_FOUND")(scope, receive, send)
                 return
-        request = Request(scope, receive)
         method = scope["method"]
-        allowed = False
-        for route_method, pattern, handler in self.routes:
-            m = pattern.match(path)
-            if m is None:
-                continue
-            if route_method != method:
-                allowed = True
-                continue
-            response = await self._run(handler, request, m.groupdict(), path.startswith("/api/"))
-            await response(scope, receive, send)
-            return
-        if not allowed and method == "GET" and path.endswith("/") and len(path) > 1 \
-                and any(m == "GET" and p.match(path.rstrip("/")) for m, p, _ in self.routes):
+        match = self.router.match(method, path)
+        if match.handler is not None:
+            response = await self._run(match.handler, Request(scope, receive), match.params, path.startswith("/api/"))
+        elif match.redirect is not None and method == "GET" and path.endswith("/"):
             query = scope.get("query_string", b"").decode("latin-1")
-            location = self.base + path.rstrip("/") + ("?" + query if query else "")
-            await Response(b"", 301, {"Location": location})(scope, receive, send)  # httprouter's
-            return
-        await _error(405 if allowed else 404, "METHOD_NOT_ALLOWED" if allowed else "NOT_FOUND")(
-            scope, receive, send)
+            location = self.base + match.redirect + ("?" + query if query else "")
+            response = Response(b"", 301, {"Location": location})  # httprouter's trailing slash
+        elif match.allowed:
+            response = error_response(405, "METHOD_NOT_ALLOWED")
+        else:
+            response = error_response(404, "NOT_FOUND")
+        await response(scope, receive, send)
 
     async def _run(self, handler: Handler, request: Request, params: dict[str, str], api: bool) -> Response:
         try:
@@ -135,19 +121,14 @@ class AdminHTTP:
                 raise HTTPError(403, "FORBIDDEN")
             data = await handler(request, params)
         except HTTPError as exc:
-            return _error(exc.status, exc.message)
+            return error_response(exc.status, exc.message)
         except AllFailed as exc:
             self.log.error("upstream request failed - %s", exc)
-            return _error(502, f"UPSTREAM_ERROR: {exc}")
+            return error_response(502, f"UPSTREAM_ERROR: {exc}")
         except Exception:
             self.log.exception("ERROR: panic in HTTP handler")
-            return _error(500, "INTERNAL_ERROR")
-        if isinstance(data, Response):
-            return data
-        headers = dict([NSQ_CONTENT_TYPE])
-        if data is None:
-            return Response(b"", 200, headers)
-        return Response(go_json(data), 200, headers, JSON_TYPE)
+            return error_response(500, "INTERNAL_ERROR")
+        return data if isinstance(data, Response) else json_response(data)
 
     def is_admin(self, request: Request) -> bool:
         users = self.options.admin_users
@@ -390,8 +371,4 @@ def _assets_hash() -> str:
     for entry in sorted(resources.files("pynsqd.admin").joinpath("static").iterdir(), key=lambda e: e.name):
         digest.update(entry.name.encode() + entry.read_bytes())
     return digest.hexdigest()[:12]
-
-
-def _error(status: int, message: str) -> Response:
-    return Response(go_json({"message": message}), status, dict([NSQ_CONTENT_TYPE]), JSON_TYPE)
 

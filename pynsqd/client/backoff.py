@@ -2,7 +2,8 @@
 
 Theory of operation (NSQ's client guide, "Backoff"). A failed message (a handler error, or a
 requeue with ``backoff=True``) raises the backoff level by one and starts a window of
-``min(max_duration, multiplier * 2 ** (level - 1))`` seconds in which the consumer holds RDY 0
+``min(max_duration, multiplier * 2 ** (level - 1))`` seconds (``pynsqd.backoff.exponential``;
+no jitter: NSQ's clients wait exactly this) in which the consumer holds RDY 0
 on every connection. When the window ends the consumer "tests the water": RDY 1 on one
 connection. The next result decides: a success lowers the level (at 0 normal RDY resumes),
 a failure raises it; either way a new window starts unless the level reached 0. Results
@@ -16,6 +17,8 @@ action back — ``PAUSE`` (send RDY 0 everywhere, call ``on_timer`` at ``deadlin
 from __future__ import annotations
 
 import enum
+
+from pynsqd.backoff import exponential
 
 
 class State(enum.Enum):
@@ -48,9 +51,7 @@ class Backoff:
 
     def interval(self) -> float:
         """The length of the current window."""
-        if self.level <= 0:
-            return 0.0
-        return min(self.max_duration, self.multiplier * 2.0 ** min(self.level - 1, 62))
+        return exponential(self.multiplier, self.max_duration, self.level)
 
     def _pause(self, now: float) -> Action:
         self.state = State.WAITING

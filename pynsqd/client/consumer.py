@@ -18,8 +18,9 @@ commands and timers. A timer every ``rdy_redistribute_interval`` rebalances RDY 
 away from idle connections when ``max_in_flight`` is smaller than the number of connections).
 
 Reconnection: a direct address is retried after ``reconnect_interval``, doubling per failure
-up to ``max_reconnect_interval``. A discovered address is not retried: the next lookupd poll
-brings it back if it is still listed; a node that every lookupd stopped listing is closed.
+up to ``max_reconnect_interval``, with jitter (``pynsqd.backoff``). A discovered address is
+not retried: the next lookupd poll brings it back if it is still listed; a node that every
+lookupd stopped listing is closed.
 
 ``stop()`` is graceful: stop discovery, send CLS everywhere (nsqd stops sending), wait up to
 ``grace`` seconds for in-flight messages to be answered, then close the connections.
@@ -36,6 +37,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from pynsqd.backoff import Backoff as RetryBackoff
 from pynsqd.client import http as nsq_http
 from pynsqd.client.backoff import Action, Backoff, State
 from pynsqd.client.config import Features, Identity, TLSOptions
@@ -237,24 +239,24 @@ class Consumer:
                 self._apply(self.rdy.rebalance(self._loop.time(), self.rng))
 
     async def _direct(self, address: str, attempted: asyncio.Event) -> None:
-        failures = 0
+        retry = RetryBackoff(self.reconnect_interval, self.max_reconnect_interval, rng=self.rng)
         while not self._stopping:
             try:
                 conn = await self._connect(address, discovered=False)
             except (NSQError, ValueError) as exc:
                 attempted.set()
-                failures += 1
-                delay = min(self.max_reconnect_interval, self.reconnect_interval * 2 ** (failures - 1))
+                delay = retry.failed()
                 log.warning("%s: %s; retrying in %.1fs", address, exc, delay)
                 await asyncio.sleep(delay)
                 continue
             attempted.set()
-            failures = 0
+            retry.reset()
             await conn.proto.closed.wait()
             self._lost(conn)
             if not self._stopping:
-                log.warning("%s: connection lost; reconnecting in %.1fs", address, self.reconnect_interval)
-                await asyncio.sleep(self.reconnect_interval)
+                delay = retry.failed()
+                log.warning("%s: connection lost; reconnecting in %.1fs", address, delay)
+                await asyncio.sleep(delay)
 
     async def _discovered(self, address: str) -> None:
         try:

@@ -2,14 +2,14 @@
 
 Theory of operation
 -------------------
-``LookupHTTP`` is a plain ASGI app (Starlette's request and response classes, served by
-uvicorn on a socket the node bound). Routing is a table, ``path → (method, handler,
-style)``, and follows julienschmidt/httprouter as NSQ configures it: an unknown path is
+``LookupHTTP`` is a plain ASGI app (Starlette's response classes, served on a socket the
+node bound by ``httpserver.py``). Routing is a table of ``(method, path, handler)``
+(``httpkit.Router``) and follows julienschmidt/httprouter as NSQ configures it: an unknown path is
 404 ``NOT_FOUND``; a known path with another method is 405 ``METHOD_NOT_ALLOWED`` with an
 ``Allow`` header; ``OPTIONS`` answers with ``Allow``; ``/ping/`` or ``/PING`` redirect to
 ``/ping`` (301 for GET, 307 otherwise).
 
-Handlers return data or raise ``HTTPError``; one place (``_respond``) renders both as NSQ's
+Handlers return data or raise ``httpkit.HTTPError``; one place (``_respond``) renders both as NSQ's
 ``internal/http_api`` does: "V1" routes send JSON with ``Content-Type: application/json;
 charset=utf-8`` (``None`` as an empty body), errors as ``{"message":"<CODE>"}``, and every
 V1 response carries ``X-NSQ-Content-Type: nsq; version=1.0``; ``/ping`` is plain text.
@@ -22,19 +22,16 @@ Not served: ``/debug/pprof`` (Go's profiler; 404 here).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import posixpath
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
-import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from pynsqd import NSQ_VERSION
+from pynsqd.httpkit import HTTPError, Params, Router, Sorted, error_response, json_response, parse_query
 from pynsqd.lookupd.registry import (
     RegistrationDB,
     channel_key,
@@ -45,74 +42,8 @@ from pynsqd.lookupd.registry import (
 )
 from pynsqd.wire.names import is_valid_name
 
-NSQ_CONTENT_TYPE = ("X-NSQ-Content-Type", "nsq; version=1.0")
-JSON_TYPE = "application/json; charset=utf-8"
-_GO_ESCAPES = ((b"<", b"\\u003c"), (b">", b"\\u003e"), (b"&", b"\\u0026"),
-               ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class Sorted(dict[str, Any]):
-    """A JSON object rendered with sorted keys, as Go renders a map."""
-
-
-def go_json(data: Any) -> bytes:
-    """JSON as Go's ``encoding/json`` writes it (HTML-safe escaping)."""
-    option = orjson.OPT_SORT_KEYS if isinstance(data, Sorted) else 0
-    out = orjson.dumps(data, option=option)
-    for raw, escaped in _GO_ESCAPES:
-        if raw in out:
-            out = out.replace(raw, escaped)
-    return out
-
-
-def parse_query(raw: bytes) -> dict[str, list[str]]:
-    """Go's ``url.ParseQuery``; raises ``HTTPError`` 400 ``INVALID_REQUEST`` where Go errs."""
-    values: dict[str, list[str]] = {}
-    bad = False
-    for part in raw.split(b"&"):
-        if b";" in part:
-            bad = True
-            continue
-        if not part:
-            continue
-        key, _, value = part.partition(b"=")
-        try:
-            k, v = _unescape(key), _unescape(value)
-        except ValueError:
-            bad = True
-            continue
-        values.setdefault(k, []).append(v)
-    if bad:
-        raise HTTPError(400, "INVALID_REQUEST")
-    return values
-
-
-def _unescape(raw: bytes) -> str:
-    pos = raw.find(b"%")
-    while pos >= 0:
-        pair = raw[pos + 1:pos + 3]
-        if len(pair) != 2 or not all(c in b"0123456789abcdefABCDEF" for c in pair):
-            raise ValueError("invalid URL escape")
-        pos = raw.find(b"%", pos + 3)
-    return unquote_to_bytes(raw.replace(b"+", b" ")).decode("utf-8", "replace")
-
-
-Params = dict[str, list[str]]
 Handler = Callable[[Params], Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class Route:
-    method: str
-    handler: Handler
-    plain: bool = False  # text body, no X-NSQ-Content-Type (/ping)
+_PLAIN = "text/plain; charset=utf-8"
 
 
 def _arg(params: Params, name: str, missing: str) -> str:
@@ -144,85 +75,67 @@ class LookupHTTP:
         self.tombstone_lifetime = tombstone_lifetime
         self.log = log
         self.clock = clock
-        self.routes: dict[str, Route] = {
-            "/ping": Route("GET", self.ping, plain=True),
-            "/info": Route("GET", self.info),
-            "/debug": Route("GET", self.debug),
-            "/lookup": Route("GET", self.lookup),
-            "/topics": Route("GET", self.topics),
-            "/channels": Route("GET", self.channels),
-            "/nodes": Route("GET", self.nodes),
-            "/topic/create": Route("POST", self.create_topic),
-            "/topic/delete": Route("POST", self.delete_topic),
-            "/topic/tombstone": Route("POST", self.tombstone_topic_producer),
-            "/channel/create": Route("POST", self.create_channel),
-            "/channel/delete": Route("POST", self.delete_channel),
-        }
+        self.plain = {self.ping}  # text bodies without X-NSQ-Content-Type
+        self.router: Router[Handler] = Router([
+            ("GET", "/ping", self.ping),
+            ("GET", "/info", self.info),
+            ("GET", "/debug", self.debug),
+            ("GET", "/lookup", self.lookup),
+            ("GET", "/topics", self.topics),
+            ("GET", "/channels", self.channels),
+            ("GET", "/nodes", self.nodes),
+            ("POST", "/topic/create", self.create_topic),
+            ("POST", "/topic/delete", self.delete_topic),
+            ("POST", "/topic/tombstone", self.tombstone_topic_producer),
+            ("POST", "/channel/create", self.create_channel),
+            ("POST", "/channel/delete", self.delete_channel),
+        ])
 
     # --- ASGI -----------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        method, path = scope["method"], scope["path"]
-        route = self.routes.get(path)
-        if route is not None and route.method == method:
-            response = self._run(route, scope.get("query_string", b""))
+        method, path, query = scope["method"], scope["path"], scope.get("query_string", b"")
+        match = self.router.match(method, path)
+        if match.handler is not None:
+            response = self._run(match.handler, query)
         else:
-            response = self._no_route(method, path, route, scope.get("query_string", b""))
+            response = self._no_route(method, match.allowed, match.redirect, query)
         await response(scope, receive, send)
 
-    def _run(self, route: Route, query: bytes) -> Response:
+    def _run(self, handler: Handler, query: bytes) -> Response:
+        plain = handler in self.plain
         try:
-            data = route.handler(parse_query(query))
+            data = handler(parse_query(query))
         except HTTPError as exc:
-            return self._respond(exc.status, exc.message, route.plain)
+            return self._respond(exc.status, exc.message, plain)
         except Exception:
             self.log.exception("ERROR: panic in HTTP handler")
-            return self._respond(500, "INTERNAL_ERROR", route.plain)
-        return self._respond(200, data, route.plain)
+            return self._respond(500, "INTERNAL_ERROR", plain)
+        return self._respond(200, data, plain)
 
-    def _respond(self, status: int, data: Any, plain: bool) -> Response:
+    @staticmethod
+    def _respond(status: int, data: Any, plain: bool) -> Response:
         if plain:
-            return Response(str(data), status, media_type="text/plain; charset=utf-8")
-        headers = dict([NSQ_CONTENT_TYPE])
-        if status != 200:
-            return Response(go_json({"message": data}), status, headers, JSON_TYPE)
-        if data is None:
-            return Response(b"", 200, headers)
-        if isinstance(data, (str, bytes)):
-            return Response(data, 200, headers)
-        return Response(go_json(data), 200, headers, JSON_TYPE)
+            return Response(str(data), status, media_type=_PLAIN)
+        return json_response(data) if status == 200 else error_response(status, data)
 
-    def _no_route(self, method: str, path: str, route: Route | None, query: bytes) -> Response:
-        if method == "OPTIONS" and route is not None:
-            return Response(b"", 200, {"Allow": f"{route.method}, OPTIONS"})
-        if method != "CONNECT" and path != "/":
-            fixed = self._fixed_path(method, path)
-            if fixed is not None:
-                location = fixed + ("?" + query.decode("latin-1") if query else "")
-                status = 301 if method == "GET" else 307
-                if method != "GET":  # Go's http.Redirect writes no body then
-                    return Response(b"", status, {"Location": location})
-                body = f'<a href="{location}">Moved Permanently</a>.\n\n'
-                return Response(body, status, {"Location": location}, "text/html; charset=utf-8")
-        if route is not None:
-            response = self._respond(405, "METHOD_NOT_ALLOWED", False)
-            response.headers["Allow"] = f"{route.method}, OPTIONS"
+    def _no_route(self, method: str, allowed: tuple[str, ...], redirect: str | None, query: bytes) -> Response:
+        if method == "OPTIONS" and allowed:
+            return Response(b"", 200, {"Allow": ", ".join((*allowed, "OPTIONS"))})
+        if redirect is not None:
+            location = redirect + ("?" + query.decode("latin-1") if query else "")
+            status = 301 if method == "GET" else 307
+            if method != "GET":  # Go's http.Redirect writes no body then
+                return Response(b"", status, {"Location": location})
+            body = f'<a href="{location}">Moved Permanently</a>.\n\n'
+            return Response(body, status, {"Location": location}, "text/html; charset=utf-8")
+        if allowed:
+            response = error_response(405, "METHOD_NOT_ALLOWED")
+            response.headers["Allow"] = ", ".join((*allowed, "OPTIONS"))
             return response
-        return self._respond(404, "NOT_FOUND", False)
-
-    def _fixed_path(self, method: str, path: str) -> str | None:
-        """httprouter's RedirectTrailingSlash and RedirectFixedPath, for our flat routes."""
-        mine = [p for p, r in self.routes.items() if r.method == method]
-        if path.endswith("/") and path[:-1] in mine:
-            return path[:-1]
-        clean = posixpath.normpath("/" + path).lstrip("/")
-        clean = "/" + clean.rstrip("/") if clean else "/"
-        for candidate in mine:
-            if candidate.lower() == clean.lower() and candidate != path:
-                return candidate
-        return None
+        return error_response(404, "NOT_FOUND")
 
     # --- handlers -------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ Theory of operation
 ``NsqdHTTP`` is a plain ASGI app. ``POST /pub`` and ``POST /mpub`` — the paths that carry
 almost all HTTP traffic — are handled right here on raw ASGI messages: the body is read with
 its limit enforced as it arrives (``Content-Length`` first, then the bytes actually read) and
-the answer is two ``send`` calls. Everything else goes through a Starlette router.
+the answer is two ``send`` calls. Everything else goes through an ``httpkit.Router``.
 
 Responses follow nsqd's conventions: JSON with ``Content-Type: application/json;
 charset=utf-8``; errors as ``{"message": "<CODE>"}`` with nsqd's status and code, checked in
@@ -20,17 +20,23 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
-from urllib.parse import unquote_plus
 
 import orjson
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from starlette.responses import RedirectResponse, Response
 
 from pynsqd import NSQ_VERSION, logs
-from pynsqd.lookupd.http import go_json
+from pynsqd.httpconn import BUSY_RETRY, Step
+from pynsqd.httpkit import (
+    JSON_TYPE,
+    NSQ_HEADER,
+    TEXT_TYPE,
+    HTTPError,
+    Router,
+    api_response,
+    error_response,
+    parse_query,
+)
 from pynsqd.options import config_value
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.config import LOG_LEVELS, NsqdOptions
@@ -43,57 +49,10 @@ from pynsqd.wire.names import is_valid_name
 
 log = logging.getLogger("pynsqd.shard")
 
-NSQ_HEADER = (b"x-nsq-content-type", b"nsq; version=1.0")
-JSON_TYPE = "application/json; charset=utf-8"
-TEXT_TYPE = "text/plain; charset=utf-8"
-_HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
-BACKPRESSURE_RETRY = 0.001
 QUERY_CACHE = 1024  # publish query strings remembered (parsed and checked)
-_BAD_ESCAPE = re.compile(rb"%(?![0-9a-fA-F]{2})")
-
-Step = tuple[Callable[..., None], tuple[Any, ...]]  # a broker call that may raise Backpressure
+Handler = Callable[[Request], Awaitable[Response]]
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
                    Awaitable[None]]
-
-
-class HTTPError(Exception):
-    """An nsqd API error: ``status`` and the ``message`` code."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def parse_query(raw: bytes) -> dict[str, list[str]]:
-    """Go's ``url.ParseQuery``: a bad escape or a ``;`` is ``400 INVALID_REQUEST``."""
-    if _BAD_ESCAPE.search(raw) or b";" in raw:
-        raise HTTPError(400, "INVALID_REQUEST")
-    out: dict[str, list[str]] = {}
-    for part in raw.split(b"&"):
-        if not part:
-            continue
-        key, _, value = part.partition(b"=")
-        try:
-            name = unquote_plus(key.decode(), errors="strict")
-            out.setdefault(name, []).append(unquote_plus(value.decode(), errors="strict"))
-        except UnicodeDecodeError:
-            raise HTTPError(400, "INVALID_REQUEST") from None
-    return out
-
-
-def api_response(data: Any = None, status: int = 200) -> Response:
-    """nsqd's V1 response: bytes/str as they are, ``None`` as an empty body, else JSON."""
-    headers = {"X-NSQ-Content-Type": "nsq; version=1.0"}
-    if data is None:
-        return Response(b"", status_code=status, headers=headers)
-    if isinstance(data, (str, bytes)):
-        return Response(data, status_code=status, headers=headers, media_type=TEXT_TYPE)
-    return Response(go_json(data), status_code=status, headers=headers, media_type=JSON_TYPE)
-
-
-def error_response(status: int, message: str) -> Response:
-    return api_response({"message": message}, status)
 
 
 class NsqdHTTP:
@@ -109,26 +68,26 @@ class NsqdHTTP:
         self.persist = persist
         self.set_lookupd_addresses = set_lookupd_addresses
         self.tls_required_port = 0  # with --tls-required=true: plain HTTP gets 403 naming this port
+        self.busy: tuple[type[Exception], ...] = (Backpressure,)  # a publish step to retry later
         self._queries: dict[bytes, tuple[dict[str, list[str]], str]] = {}
-        routes = [
-            Route("/ping", self.ping, methods=["GET"]),
-            Route("/info", self.info_route, methods=["GET"]),
-            Route("/stats", self.stats, methods=["GET"]),
-            Route("/metrics", self.metrics, methods=["GET"]),
-            Route("/topic/create", self.topic_create, methods=["POST"]),
-            Route("/topic/delete", self.topic_delete, methods=["POST"]),
-            Route("/topic/empty", self.topic_empty, methods=["POST"]),
-            Route("/topic/pause", self.topic_pause, methods=["POST"]),
-            Route("/topic/unpause", self.topic_pause, methods=["POST"]),
-            Route("/channel/create", self.channel_create, methods=["POST"]),
-            Route("/channel/delete", self.channel_delete, methods=["POST"]),
-            Route("/channel/empty", self.channel_empty, methods=["POST"]),
-            Route("/channel/pause", self.channel_pause, methods=["POST"]),
-            Route("/channel/unpause", self.channel_pause, methods=["POST"]),
-            Route("/config/{opt}", self.config, methods=["GET", "PUT"]),
-        ]
-        self.router = Starlette(routes=routes, exception_handlers={
-            HTTPException: self._starlette_error, HTTPError: self._api_error, Exception: self._crash})
+        self.router: Router[Handler] = Router([
+            ("GET", "/ping", self.ping),
+            ("GET", "/info", self.info_route),
+            ("GET", "/stats", self.stats),
+            ("GET", "/metrics", self.metrics),
+            ("POST", "/topic/create", self.topic_create),
+            ("POST", "/topic/delete", self.topic_delete),
+            ("POST", "/topic/empty", self.topic_empty),
+            ("POST", "/topic/pause", self.topic_pause),
+            ("POST", "/topic/unpause", self.topic_pause),
+            ("POST", "/channel/create", self.channel_create),
+            ("POST", "/channel/delete", self.channel_delete),
+            ("POST", "/channel/empty", self.channel_empty),
+            ("POST", "/channel/pause", self.channel_pause),
+            ("POST", "/channel/unpause", self.channel_pause),
+            ("GET", "/config/:opt", self.config),
+            ("PUT", "/config/:opt", self.config),
+        ])
 
     # --- the lean publish path ------------------------------------------------------------
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
@@ -150,7 +109,32 @@ class NsqdHTTP:
             else:
                 await _send(send, 200, b"OK", TEXT_TYPE)
             return
-        await self.router(scope, receive, send)
+        if scope["type"] == "http":
+            response = await self._route(scope, receive)
+            await response(scope, receive, send)
+
+    async def _route(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]]) -> Response:
+        """Every route but the publishes: a GET route answers HEAD too; an unknown path is 404
+        ``NOT_FOUND``, another method 405 ``METHOD_NOT_ALLOWED``; a path with a trailing slash
+        whose route exists is redirected (307) to the path without it."""
+        method, path = scope["method"], scope["path"]
+        match = self.router.match("GET" if method == "HEAD" else method, path)
+        request = Request({**scope, "path_params": match.params}, receive)
+        if match.handler is None:
+            if match.allowed:
+                return error_response(405, "METHOD_NOT_ALLOWED")
+            bare = path.rstrip("/")
+            if path != "/" and bare != path and self.router.routes(bare):
+                return RedirectResponse(request.url.replace(path=bare))
+            return error_response(404, "NOT_FOUND")
+        try:
+            response: Response = await match.handler(request)
+        except HTTPError as exc:
+            return error_response(exc.status, exc.message)
+        except Exception:
+            log.exception("HTTP %s %s failed", method, path)
+            return error_response(500, "INTERNAL_ERROR")
+        return response
 
     def tls_required_body(self) -> bytes:
         return f'{{"message": "TLS_REQUIRED", "https_port": {self.tls_required_port}}}'.encode()
@@ -233,19 +217,6 @@ class NsqdHTTP:
             self._queries.clear()
         self._queries[query] = params, names[0]
         return params, names[0]
-
-    # --- errors ---------------------------------------------------------------------------
-    async def _starlette_error(self, request: Request, exc: Exception) -> Response:
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        return error_response(status, _HTTP_CODES.get(status, "INTERNAL_ERROR"))
-
-    async def _api_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPError)
-        return error_response(exc.status, exc.message)
-
-    async def _crash(self, request: Request, exc: Exception) -> Response:
-        log.exception("HTTP %s %s failed", request.method, request.url.path, exc_info=exc)
-        return error_response(500, "INTERNAL_ERROR")
 
     # --- node -----------------------------------------------------------------------------
     async def ping(self, request: Request) -> Response:
@@ -398,7 +369,7 @@ async def _until_room(action: Callable[..., None], *args: Any) -> None:
             action(*args)
             return
         except Backpressure:
-            await asyncio.sleep(BACKPRESSURE_RETRY)
+            await asyncio.sleep(BUSY_RETRY)
 
 
 def _content_length(scope: dict[str, Any]) -> int:

@@ -30,7 +30,8 @@ from typing import Any, Protocol
 import orjson
 from starlette.responses import Response
 
-from pynsqd.shard.http import TEXT_TYPE, HTTPError, NsqdHTTP, api_response, error_response, parse_query
+from pynsqd.httpkit import TEXT_TYPE, HTTPError, api_response, error_response, parse_query
+from pynsqd.shard.http import NsqdHTTP
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
 from pynsqd.shard.stats import format_text, stats_request

@@ -19,7 +19,7 @@ stderr, which stops the supervisor's respawn loop.
 Serving: TCP connections arrive as ``adopt`` messages (fd + state + unread bytes) and become
 ``ClientV2`` protocols via ``connect_accepted_socket``. HTTP and HTTPS connections arrive as
 ``serve_http`` messages (fd), handed out in turn (``supervisor/httpaccept.py``), and are
-served by the embedded uvicorn (``EmbeddedServer.adopt``). Every ``HEARTBEAT_EVERY`` the loop
+served by the embedded HTTP server (``EmbeddedServer.adopt``). Every ``HEARTBEAT_EVERY`` the loop
 writes a timestamp into the heartbeat slot. A loop silent for 1.5 s gets no new HTTP
 connections; one that stops beating for ``PYNSQD_SHARD_TIMEOUT`` is killed by the supervisor.
 
@@ -55,7 +55,6 @@ from pynsqd.shard.broker import Broker
 from pynsqd.shard.config import NsqdOptions
 from pynsqd.shard.crossshard import Inbound, Outbound
 from pynsqd.shard.http import NsqdHTTP
-from pynsqd.shard.httpconn import http_protocol
 from pynsqd.shard.node import make_backend, node_info, queue_factory, recoverable
 from pynsqd.shard.nodehttp import NodeHTTP, run_local
 from pynsqd.shard.protocol import ClientV2
@@ -273,10 +272,10 @@ class ShardWorker:
         self.inbound.start(loop)
         # no listening sockets: the supervisor hands each connection over (``serve_http``)
         if self.boot.get("http"):
-            self._http_server = embedded_server(self.node_http, http=http_protocol(self.app))
+            self._http_server = embedded_server(self.node_http, publisher=self.app)
             self._http_task = loop.create_task(self._http_server.serve(sockets=[]))
         if self.boot.get("https"):
-            self._https_server = embedded_server(self.node_http, self.tls_ctx, http_protocol(self.app))
+            self._https_server = embedded_server(self.node_http, self.tls_ctx, self.app)
             self._https_task = loop.create_task(self._https_server.serve(sockets=[]))
         self._send_snapshot()
         self.control.send({"op": "ready", "pid": os.getpid()})

@@ -11,9 +11,9 @@ reply (``OK`` or a fatal ``E_*``), read before the next is sent.
 
 A failed connect, a closed connection (noticed within ``EOF_CHECK`` even when idle) or an
 error reply drops the connection; the peer reconnects with back-off (``RECONNECT_MIN``
-doubling to ``RECONNECT_MAX``, never slower than a ping) and sends the whole state again,
-so a restarted nsqlookupd has everything back
-within one ping interval. Commands queued while disconnected are discarded: the full
+doubling to ``RECONNECT_MAX`` with jitter, ``pynsqd.backoff``; never slower than a ping)
+and sends the whole state again, so a restarted nsqlookupd has everything back within one
+ping interval. Commands queued while disconnected are discarded: the full
 re-registration covers them. There is one identity per node whatever the shard count: the
 supervisor owns this, not the shards.
 
@@ -32,6 +32,7 @@ from urllib.parse import quote
 
 import orjson
 
+from pynsqd.backoff import Backoff
 from pynsqd.netaddr import split_host_port
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.lookup import (
@@ -76,7 +77,7 @@ class LookupPeer:
             self._queue.put_nowait(command)
 
     async def run(self) -> None:
-        delay = RECONNECT_MIN
+        retry = Backoff(RECONNECT_MIN, RECONNECT_MAX)
         while True:
             try:
                 await self._session()
@@ -85,12 +86,10 @@ class LookupPeer:
                     log.warning("LOOKUPD(%s): connection lost - %s", self.address, exc)
                 else:
                     log.debug("LOOKUPD(%s): cannot connect - %s", self.address, exc)
-            else:
-                delay = RECONNECT_MIN
-            was = self.connected
+            if self.connected:
+                retry.reset()
             self.connected = False
-            delay = RECONNECT_MIN if was else min(delay * 2, RECONNECT_MAX)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(retry.failed())
 
     async def _session(self) -> None:
         host, port = split_host_port(self.address, "lookupd-tcp-address")

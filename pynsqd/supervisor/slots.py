@@ -2,8 +2,8 @@
 
 A slot outlives the processes that fill it: a restarted shard gets the same index (so the
 same topics, rings and heartbeat page). ``schedule_restart`` doubles the delay for each
-death that came within ``STABLE_AFTER`` of a start (0.1 s, 0.2 s … ``BACKOFF_MAX``) and
-resets it after a shard that ran long enough.
+death that came within ``STABLE_AFTER`` of a start (0.1 s, 0.2 s … ``BACKOFF_MAX``, with
+jitter: ``pynsqd.backoff``) and resets it after a shard that ran long enough.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import struct
 import time
 
+from pynsqd.backoff import Backoff
 from pynsqd.supervisor.control import ControlChannel
 
 # The contract between the supervisor and a worker process, here rather than in the worker
@@ -41,7 +42,7 @@ class Slot:
         self.respawn_at: float | None = None
         self.abort_sent: float | None = None
         self.stalled = False  # no beat for STALL_AFTER: alive, but its loop is not turning
-        self._quick_deaths = 0
+        self._restarts = Backoff(BACKOFF_MIN, BACKOFF_MAX)  # deaths that came soon after a start
         self.heartbeat_fd = os.memfd_create(f"pynsqd-heartbeat-{index}", os.MFD_CLOEXEC)
         os.ftruncate(self.heartbeat_fd, mmap.PAGESIZE)
         self._beat = mmap.mmap(self.heartbeat_fd, mmap.PAGESIZE)
@@ -74,10 +75,8 @@ class Slot:
 
     def schedule_restart(self, now: float) -> float:
         """When to start this shard again; returns the delay."""
-        if now - self.started < STABLE_AFTER:
-            self._quick_deaths += 1
-        else:
-            self._quick_deaths = 0
-        delay = min(BACKOFF_MIN * 2 ** max(0, self._quick_deaths - 1), BACKOFF_MAX)
+        if now - self.started >= STABLE_AFTER:
+            self._restarts.reset()
+        delay = self._restarts.failed()
         self.respawn_at = now + delay
         return delay

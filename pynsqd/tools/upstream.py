@@ -3,7 +3,7 @@
 - ``round-robin``: each message goes to the next destination in turn;
 - ``hostpool`` / ``epsilon-greedy`` (NSQ's default is hostpool): the first healthy
   destination; one that fails is skipped for a retry interval (30 s doubling up to 15 min,
-  go-hostpool's numbers), then tried again;
+  go-hostpool's numbers, with jitter: ``pynsqd.backoff``), then tried again;
 - ``multicast`` (deprecated in NSQ, still accepted): every message goes to every destination.
 
 Pure state: callers report ``success``/``failure`` with the time and ask ``pick(now)``.
@@ -11,7 +11,9 @@ Pure state: callers report ``success``/``failure`` with the time and ask ``pick(
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from pynsqd.backoff import Backoff
 
 MODES = ("round-robin", "hostpool", "epsilon-greedy", "multicast")
 INITIAL_RETRY = 30.0
@@ -22,7 +24,7 @@ MAX_RETRY = 900.0
 class _Host:
     address: str
     dead_until: float = 0.0
-    retry: float = INITIAL_RETRY
+    retry: Backoff = field(default_factory=lambda: Backoff(INITIAL_RETRY, MAX_RETRY))
 
 
 class Upstreams:
@@ -49,10 +51,10 @@ class Upstreams:
     def success(self, address: str) -> None:
         for h in self.hosts:
             if h.address == address:
-                h.dead_until, h.retry = 0.0, INITIAL_RETRY
+                h.dead_until = 0.0
+                h.retry.reset()
 
     def failure(self, address: str, now: float) -> None:
         for h in self.hosts:
             if h.address == address:
-                h.dead_until = now + h.retry
-                h.retry = min(MAX_RETRY, h.retry * 2)
+                h.dead_until = now + h.retry.failed()

@@ -1,29 +1,40 @@
-"""A shard's HTTP/1.1 connections: ``POST /pub`` and ``/mpub`` served inline, the rest via ASGI.
+"""One HTTP/1.1 connection of any pynsqd daemon: the app runs through ASGI, except nsqd's
+``POST /pub`` and ``/mpub``, served inline; the head of every request is bounded.
 
 Theory of operation
 -------------------
-uvicorn still owns the listening sockets, TLS and shutdown (``httpserver.py``); only the
-per-connection protocol is ours (``http_protocol(publisher)`` → the class uvicorn instantiates
-for each connection, with the same ``config`` / ``server_state`` arguments as its own). It
-exists because publishing is almost all of the HTTP traffic and uvicorn's generic path costs a
-task, an ASGI scope and two ``send`` syscalls per request; here a publish is a synchronous call
-made from the parser's callback and the answer is one pre-built write.
+uvicorn owns the listening sockets, TLS and shutdown (``httpserver.py``); the per-connection
+protocol is ours (``http_protocol(publisher)`` → the class uvicorn instantiates for each
+connection, with the same ``config`` / ``server_state`` arguments as its own). It exists for
+two reasons. uvicorn's parser reads a head of any size (a 100 MB header line is buffered,
+then served): here the request line and headers of each request are counted as they are read
+and one past Go's limits (``httpkit.HEAD_LIMIT`` bytes, ``MAX_HEADER_FIELDS`` fields) gets
+Go's ``431 Request Header Fields Too Large`` — at most ``FEED_STEP`` bytes are handed to the
+parser at a time while a head is incomplete, so what a head holds in memory stays bounded
+by the limit; an HTTP version other than 1.x gets Go's ``505``. Both then stop parsing,
+discard what still arrives for ``LINGER`` seconds (so the client can read the answer while
+it is still sending, as Go's ``closeWriteAndWait``) and close. And publishing is almost all
+of nsqd's HTTP traffic: uvicorn's generic path costs a task, an ASGI scope and two ``send``
+syscalls per request; here a publish is a synchronous call made from the parser's callback
+and the answer is one pre-built write.
 
 Bytes go to an ``httptools`` parser. Each complete request becomes a ``_Request`` appended to
 ``queue``; after each ``feed_data`` the queue is served strictly in order (HTTP/1.1 answers in
 request order, pipelined or not):
 
-- ``POST /pub`` / ``/mpub`` (exact paths; not when ``--tls-required`` refuses plain HTTP): the
-  body was buffered up to the route's limit (``None`` past it), then
-  ``NsqdHTTP.publish_steps`` checks it in nsqd's order and yields the broker calls; a call
-  that raises ``Backpressure`` (the owner shard's inbound ring is full) stops the queue, stops
-  reading, and is retried every ``BACKPRESSURE_RETRY`` seconds — never lost, never reordered.
-  ``Content-Length`` over the limit with ``Expect: 100-continue`` is refused at once (413,
-  connection closed: the client never sent the body); otherwise ``100 Continue`` is sent.
+- with a ``publisher`` (nsqd), ``POST /pub`` / ``/mpub`` (exact paths; not when
+  ``--tls-required`` refuses plain HTTP): the body was buffered up to the route's limit
+  (``None`` past it), then ``publisher.publish_steps`` checks it in nsqd's order and yields
+  the broker calls; a call that raises one of ``publisher.busy`` (the owner shard's inbound
+  ring is full) stops the queue, stops reading, and is retried every ``BUSY_RETRY``
+  seconds — never lost, never reordered. ``Content-Length`` over the limit with
+  ``Expect: 100-continue`` is refused at once (413, connection closed: the client never
+  sent the body); otherwise ``100 Continue`` is sent.
 - anything else: the ASGI app runs in a task (registered in ``server_state.tasks``, so a
-  graceful shutdown waits for it) with the buffered body; its answer is written once it is
-  complete, ``Content-Length`` added when the app gave none, no body for ``HEAD``. Reading is
-  paused until then. An app exception answers uvicorn's ``500 Internal Server Error``.
+  graceful shutdown waits for it) with the body (buffered up to ``max_body`` bytes; past it
+  the app sees an empty body); its answer is written once it is complete,
+  ``Content-Length`` added when the app gave none, no body for ``HEAD``. Reading is paused
+  until then. An app exception answers uvicorn's ``500 Internal Server Error``.
 
 Every answer carries uvicorn's default headers (``date``) and closes the connection when the
 request asked for it (``Connection: close``, HTTP/1.0 without keep-alive). A malformed request
@@ -37,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, Protocol
 from urllib.parse import unquote
@@ -44,10 +56,23 @@ from urllib.parse import unquote
 import httptools
 import orjson
 
-from pynsqd.shard.broker import Backpressure
-from pynsqd.shard.http import BACKPRESSURE_RETRY, JSON_TYPE, TEXT_TYPE, HTTPError, Step
+from pynsqd.httpkit import (
+    HEAD_LIMIT,
+    HEAD_TOO_LARGE,
+    JSON_TYPE,
+    MAX_HEADER_FIELDS,
+    TEXT_TYPE,
+    VERSION_NOT_SUPPORTED,
+    HTTPError,
+)
 
-log = logging.getLogger("pynsqd.shard")
+log = logging.getLogger("pynsqd.http")
+
+BUSY_RETRY = 0.001  # seconds between tries of a publish step that found no room
+FEED_STEP = 65536  # bytes handed to the parser at once while a head is incomplete
+LINGER = 0.5  # seconds a refused connection is read (and discarded) before it closes: Go's
+DEFAULT_MAX_BODY = 1 << 20  # body bytes buffered for the app without a publisher
+Step = tuple[Callable[..., None], tuple[Any, ...]]  # a call that may raise one of ``busy``
 
 _PUBLISH_PATHS = (b"/pub", b"/mpub")
 _NSQ = b"x-nsq-content-type: nsq; version=1.0\r\n"
@@ -64,6 +89,7 @@ class Publisher(Protocol):
     """What the fast path needs of ``NsqdHTTP``."""
 
     tls_required_port: int
+    busy: tuple[type[Exception], ...]  # what a step raises when it must be retried later
 
     def body_limit(self, path: str) -> int: ...
 
@@ -93,26 +119,48 @@ class _Request:
         return None if self.size > self.limit else b"".join(self.chunks)
 
 
-def http_protocol(publisher: Publisher) -> type[asyncio.Protocol]:
-    """The connection protocol class for uvicorn's ``Config(http=...)``, bound to ``publisher``."""
+class _Refusal:
+    """Go's raw answer to a refused head, queued behind the answers owed before it."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+
+
+class _Refused(Exception):
+    """Raised in a parser callback to stop parsing a refused head."""
+
+
+def http_protocol(publisher: Publisher | None = None, max_body: int = DEFAULT_MAX_BODY) -> type[asyncio.Protocol]:
+    """The connection protocol class for uvicorn's ``Config(http=...)``: with ``publisher``
+    (nsqd), its publishes served inline; without, every request goes to the app with up to
+    ``max_body`` bytes of body."""
 
     class Bound(HTTPConnection):
         pass
     Bound.publisher = publisher
+    Bound.max_body = max_body
     return Bound
 
 
 class HTTPConnection(asyncio.Protocol):
-    """One HTTP connection to a shard (see the module doc)."""
+    """One HTTP connection (see the module doc)."""
 
-    publisher: Publisher
+    publisher: Publisher | None
+    max_body: int
 
     def __init__(self, config: Any, server_state: Any, app_state: Any = None, _loop: Any = None) -> None:
         self.app = config.loaded_app
         self.state = server_state
-        self.max_other_body = max(self.publisher.body_limit("/pub"), self.publisher.body_limit("/mpub"))
+        publisher = self.publisher
+        self.max_other_body = (max(publisher.body_limit("/pub"), publisher.body_limit("/mpub"))
+                               if publisher is not None else self.max_body)
         self.parser = httptools.HttpRequestParser(self)
-        self.queue: collections.deque[_Request] = collections.deque()
+        self.head_size = 0  # bytes of the current head fed so far
+        self.in_head = True  # between requests or inside a head: what is read is counted
+        self.refused = False  # answered 431/505: what still arrives is discarded
+        self.queue: collections.deque[_Request | _Refusal] = collections.deque()
         self.current: _Request | None = None
         self.transport: asyncio.Transport | None = None
         self.scheme = "http"
@@ -144,15 +192,79 @@ class HTTPConnection(asyncio.Protocol):
             self._lost.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        if not self.in_head:
+            fed = self._feed(data)
+        elif len(data) <= FEED_STEP and self.head_size + len(data) < HEAD_LIMIT:
+            self.head_size += len(data)  # the common case: a whole small request or more
+            fed = self._feed(data)
+        else:
+            fed = self._feed_in_steps(memoryview(data))
+        if not fed:
+            return
+        if self.in_head and self.head_size >= HEAD_LIMIT:
+            self._refuse(HEAD_TOO_LARGE)
+            return
+        self._serve()
+
+    def _feed_in_steps(self, view: memoryview) -> bool:
+        """Feed ``view`` at most ``FEED_STEP`` bytes at a time while a head is incomplete,
+        counting them; False if the connection stopped parsing."""
+        while view:
+            if self.in_head:
+                room = min(HEAD_LIMIT - self.head_size, FEED_STEP)
+                if room <= 0:
+                    self._refuse(HEAD_TOO_LARGE)
+                    return False
+                piece, view = view[:room], view[room:]
+                self.head_size += len(piece)
+            else:
+                piece, view = view, view[len(view):]
+            if not self._feed(piece):
+                return False
+        return True
+
+    def _feed(self, data: bytes | memoryview) -> bool:
+        """Parse ``data``; False if the connection stopped parsing (answered and closing)."""
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             pass  # served as a plain request, as uvicorn does without a websocket library
-        except httptools.HttpParserError:
+        except httptools.HttpParserError as exc:
+            if self.refused:
+                return False  # a callback refused the request
+            if "HTTP version" in str(exc):
+                self._refuse(VERSION_NOT_SUPPORTED)
+                return False
             self.queue.clear()
             self._write(400, _TEXT, _BAD_REQUEST, close=True)
-            return
+            return False
+        return not self.refused
+
+    def _refuse(self, answer: bytes) -> None:
+        """Go's answer to a head it will not read (431, 505): answer what came before it in
+        order, then this; discard what arrives for ``LINGER`` seconds, then close."""
+        self.refused = True
+        self.current = None
+        transport = self.transport
+        assert transport is not None
         self._serve()
+        if self.busy or self.queue:
+            self.queue.append(_Refusal(answer))  # after the answers it owes
+            return
+        self._send_refusal(answer)
+
+    def _send_refusal(self, answer: bytes) -> None:
+        transport = self.transport
+        assert transport is not None
+        if transport.is_closing():
+            return
+        transport.write(answer)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._resume_reading()  # read and drop what the client still sends, then close
+        asyncio.get_running_loop().call_later(LINGER, transport.close)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -174,18 +286,29 @@ class HTTPConnection(asyncio.Protocol):
         self.current = _Request()
 
     def on_url(self, url: bytes) -> None:
-        assert self.current is not None
-        self.current.url += url
+        if self.current is not None:
+            self.current.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.current is not None
-        self.current.headers.append((name.lower(), value))
+        req = self.current
+        if req is None:
+            return
+        if len(req.headers) >= MAX_HEADER_FIELDS:
+            self._refuse(HEAD_TOO_LARGE)
+            raise _Refused
+        req.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         req = self.current
-        assert req is not None and self.transport is not None
-        req.method = self.parser.get_method()
+        if req is None:
+            return
+        assert self.transport is not None
+        self.in_head = False
         req.http_version = self.parser.get_http_version()
+        if not req.http_version.startswith("1."):
+            self._refuse(VERSION_NOT_SUPPORTED)
+            raise _Refused
+        req.method = self.parser.get_method()
         req.keep_alive = self.parser.should_keep_alive()
         expect = False
         for name, value in req.headers:
@@ -198,9 +321,10 @@ class HTTPConnection(asyncio.Protocol):
                 expect = True
         path = req.url.partition(b"?")[0]
         publisher = self.publisher
-        req.publish = (req.method == b"POST" and path in _PUBLISH_PATHS
+        req.publish = (publisher is not None and req.method == b"POST" and path in _PUBLISH_PATHS
                        and not (publisher.tls_required_port and self.scheme != "https"))
         if req.publish:
+            assert publisher is not None
             req.limit = publisher.body_limit(path.decode())
             if expect and req.content_length > req.limit:
                 self.queue.append(req)  # answered in order; the body never comes: close after
@@ -221,6 +345,8 @@ class HTTPConnection(asyncio.Protocol):
             req.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        self.in_head = True
+        self.head_size = 0
         if self.current is not None:
             self.queue.append(self.current)
             self.current = None
@@ -232,6 +358,9 @@ class HTTPConnection(asyncio.Protocol):
         assert transport is not None
         while self.queue and not self.busy and not transport.is_closing():
             req = self.queue.popleft()
+            if isinstance(req, _Refusal):
+                self._send_refusal(req.answer)
+                return
             if req.publish:
                 self._publish(req, None)
             else:
@@ -241,6 +370,8 @@ class HTTPConnection(asyncio.Protocol):
                 self.state.tasks.add(task)
                 task.add_done_callback(self.state.tasks.discard)
         if transport.is_closing():
+            return
+        if self.refused:
             return
         if self.closing and not self.busy and not self.queue and self.current is None:
             transport.close()  # a graceful stop: everything received was answered
@@ -253,10 +384,12 @@ class HTTPConnection(asyncio.Protocol):
         """Run ``req``'s publish steps; on ``Backpressure`` retry later (the queue waits)."""
         path = req.url.partition(b"?")[0].decode()
         pending: Step | None = None
+        publisher = self.publisher
+        assert publisher is not None
         try:
             if steps is None:
-                self.publisher.check_length(path, req.content_length)
-                steps = self.publisher.publish_steps(path, req.url.partition(b"?")[2], req.body)
+                publisher.check_length(path, req.content_length)
+                steps = publisher.publish_steps(path, req.url.partition(b"?")[2], req.body)
             else:
                 pending, steps = steps
             while True:
@@ -267,10 +400,10 @@ class HTTPConnection(asyncio.Protocol):
                 action, args = pending
                 action(*args)
                 pending = None
-        except Backpressure:
+        except publisher.busy:
             self.busy = True
             self._pause_reading()
-            asyncio.get_running_loop().call_later(BACKPRESSURE_RETRY, self._retry, req, (pending, steps))
+            asyncio.get_running_loop().call_later(BUSY_RETRY, self._retry, req, (pending, steps))
             return
         except HTTPError as exc:
             self._write(exc.status, _JSON, orjson.dumps({"message": exc.message}), close=not req.keep_alive)
