@@ -12,6 +12,7 @@ import abc
 import asyncio
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -191,6 +192,7 @@ class Consumer:
         self.rdy, self.rng, self.mix, self.pauses = rdy, rng, mix, pauses
         self.finish_all = False
         self.connected = 0
+        self.closed_by: Counter[str] = Counter()  # why its connections ended
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -208,8 +210,8 @@ class Consumer:
                 writer.write(MAGIC_V2 + encode_sub(self.topic, self.channel) + encode_rdy(self.rdy))
                 self.connected += 1
                 await self._consume(conn, Frames(reader, writer), holds)
-            except (OSError, ConnectionError):
-                pass
+            except (OSError, ConnectionError) as exc:
+                self.closed_by[str(exc)[:80] or type(exc).__name__] += 1
             finally:
                 self.ledger.close_connection(conn, time.monotonic())
                 for task in [*holds, *helpers]:

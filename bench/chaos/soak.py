@@ -9,6 +9,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,9 @@ async def _soak(cfg: SoakConfig, node: Node) -> dict[str, Any]:
         "seed": cfg.seed, "duration_s": cfg.duration, "drain_s": round(drained_s, 1),
         "faults_injected": len(injected), "faults": injected, "node_starts": node.starts,
         "stuck_shards": stuck, "unplanned_crashes": unplanned, "producer_errors": sum(p.errors for p in producers),
-        "consumer_connections": sum(c.connected for c in consumers), "rss": _rss_summary(cfg, rss),
+        "consumer_connections": sum(c.connected for c in consumers),
+        "consumer_connections_ended_by": dict(sum((c.closed_by for c in consumers), Counter())),
+        "rss": _rss_summary(cfg, rss),
         "config": {k: v for k, v in asdict(cfg).items() if k != "mix"}})
     report["missed"] = missed(report, cfg)
     return report
