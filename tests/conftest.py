@@ -38,6 +38,7 @@ INTEGRATION_MODULES = frozenset({
     "test_durability_gaps", "test_exact_recovery", "test_foreign_clients", "test_foreign_clients_features",
     "test_log_sizing",
     "test_observability", "test_persistence", "test_spark", "test_supervisor", "test_tools",
+    "test_chaos", "test_disk_faults", "test_accept_recovery",
     "test_write_errors",
 })
 SLOW_MARKERS = ("spark", "containers", "clients")
