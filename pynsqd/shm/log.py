@@ -30,22 +30,18 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Container, Sequence
 
-from pynsqd.shm.frames import FRAME, FRAME_SIZE, WRAP, Frames, RingError, check_frames, frame_records
+from pynsqd.shm import kernels
+from pynsqd.shm.frames import FRAME, FRAME_SIZE, Frames, RingError, check_frames, frame_records
+from pynsqd.shm.logscan import ATTEMPTS_AT, DEFERRED, DONE, ID_AT, IN_FLIGHT, READY, STATE_SIZE, frame_at
 from pynsqd.shm.ring import HEADER_SIZE, ByteRing, Writable
 
-READY = 1
-IN_FLIGHT = 2
-DEFERRED = 3
-DONE = 4
-STATE_SIZE = 16
+__all__ = ["DEFERRED", "DONE", "IN_FLIGHT", "READY", "READY_HEADER", "STATE_SIZE", "MessageLog", "check_ready",
+           "frame_ready", "state_header"]
 
 _DUE = struct.Struct("<Q")
 _ATTEMPTS = struct.Struct(">H")
-_ATTEMPTS_AT = STATE_SIZE + 8  # offset of the message's attempts field within a record
-_ID_AT = 10  # offset of the message id within a message
 MESSAGE_HEADER = 26  # NSQ's message header: timestamp, attempts, id
 _TIMESTAMP = struct.Struct(">q")
-_WIRE_HEADER = struct.Struct(">ii")  # an NSQ frame's size and type (2: message)
 READY_HEADER = bytes([READY]) + bytes(STATE_SIZE - 1)
 
 Discard = Callable[[int, int], None]
@@ -127,7 +123,7 @@ class MessageLog(ByteRing):
     def deliver(self, pos: int, attempts: int) -> None:
         """Mark in flight with ``attempts`` (this delivery included)."""
         buf = self._buf
-        _ATTEMPTS.pack_into(buf, HEADER_SIZE + pos + _ATTEMPTS_AT, attempts)
+        _ATTEMPTS.pack_into(buf, HEADER_SIZE + pos + ATTEMPTS_AT, attempts)
         buf[HEADER_SIZE + pos] = IN_FLIGHT
 
     def message_at(self, pos: int) -> tuple[int, int, bytes]:
@@ -145,40 +141,7 @@ class MessageLog(ByteRing):
         start is its position (its state byte), its end is just past its message. The
         returned cursor is just past the last record looked at. ``RingError`` if a frame is
         corrupt."""
-        buf = self._buf
-        cap = self._cap
-        write = self.write_index
-        read = self.read_index
-        if cursor < read:
-            cursor = read
-        unpack = FRAME.unpack_from
-        runs: list[tuple[list[int], list[int]]] = []
-        found = 0
-        while cursor < write and found < max_count:
-            pos = start = cursor % cap
-            end = pos + min(write - cursor, cap - pos)
-            starts: list[int] = []
-            ends: list[int] = []
-            left = max_count - found
-            while pos < end and len(starts) < left:
-                size, check = unpack(buf, HEADER_SIZE + pos)
-                if size ^ check != WRAP:
-                    raise RingError(f"corrupt record frame at {pos} (length {size})")
-                if size == WRAP:
-                    pos = cap
-                    break
-                frame = FRAME_SIZE + size + (-size & 7)
-                if pos + frame > end or size < STATE_SIZE:
-                    raise RingError(f"record length {size} at {pos} runs past the written data")
-                if buf[HEADER_SIZE + pos + FRAME_SIZE] == want:
-                    starts.append(pos + FRAME_SIZE)
-                    ends.append(pos + FRAME_SIZE + size)
-                pos += frame
-            if starts:
-                runs.append((starts, ends))
-                found += len(starts)
-            cursor += pos - start
-        return runs, cursor
+        return kernels.find(self._buf, self._cap, self.read_index, self.write_index, cursor, max_count, want)
 
     def walk(self, cursor: int, max_count: int, want: int = READY,
              ) -> tuple[list[int], list[bytes], int]:
@@ -203,41 +166,15 @@ class MessageLog(ByteRing):
         becomes IN_FLIGHT with its attempts counted up in place, its NSQ message frame is
         appended to ``out`` (attempts included) and its id to ``ids``. Returns (positions,
         cursor)."""
-        runs, cursor = self.find(cursor, max_count)
-        positions: list[int] = []
-        for starts, ends in runs:
-            self._deliver_run(starts, ends, out, ids)
-            positions += starts
-        return positions, cursor
+        return kernels.deliver_ready(self._buf, self._cap, self.read_index, self.write_index, cursor, max_count,
+                                     out, ids)
 
     def deliver_at(self, positions: Sequence[int], out: bytearray, ids: list[bytes]) -> None:
         """``deliver_ready`` for known positions of READY records (requeued in place)."""
         buf = self._buf
         for pos in positions:
             size = FRAME.unpack_from(buf, HEADER_SIZE + pos - FRAME_SIZE)[0]
-            self._deliver_run([pos], [pos + size], out, ids)
-
-    def _deliver_run(self, starts: list[int], ends: list[int], out: bytearray, ids: list[bytes]) -> None:
-        """Mark the records of one contiguous run in flight, then copy them out as frames."""
-        buf = self._buf
-        at = HEADER_SIZE + _ATTEMPTS_AT + 1  # the low byte of the big-endian attempts field
-        for pos in starts:
-            low = buf[at + pos]
-            if low < 255:
-                buf[at + pos] = low + 1
-            else:
-                attempts = (_ATTEMPTS.unpack_from(buf, at + pos - 1)[0] + 1) & 0xFFFF
-                _ATTEMPTS.pack_into(buf, at + pos - 1, attempts)
-            buf[HEADER_SIZE + pos] = IN_FLIGHT
-        first = starts[0]
-        chunk = buf[HEADER_SIZE + first:HEADER_SIZE + ends[-1]].tobytes()
-        header = _WIRE_HEADER.pack
-        message_at = STATE_SIZE - first
-        id_at = message_at + _ID_AT
-        for a, b in zip(starts, ends):
-            out += header(b - a - STATE_SIZE + 4, 2)
-            out += chunk[a + message_at:b - first]
-            ids.append(chunk[a + id_at:a + id_at + 16])
+            kernels.deliver_run(buf, [pos], [pos + size], out, ids)
 
     def timestamp_at(self, pos: int) -> int:
         """The publish time (ns) of the message at ``pos``."""
@@ -245,15 +182,7 @@ class MessageLog(ByteRing):
 
     def _frame_at(self, read: int) -> tuple[int, int, int]:
         """The record at index ``read`` (< write), past a wrap marker: (index, area pos, size)."""
-        pos = read % self._cap
-        size, check = FRAME.unpack_from(self._buf, HEADER_SIZE + pos)
-        if size == WRAP and check == 0:
-            read += self._cap - pos
-            pos = 0
-            size, check = FRAME.unpack_from(self._buf, HEADER_SIZE)
-        if size ^ check != WRAP or size < STATE_SIZE:
-            raise RingError(f"corrupt record frame at {pos} (length {size})")
-        return read, pos, size
+        return frame_at(self._buf, self._cap, read)
 
     def front(self) -> tuple[int, int, int] | None:
         """(position, state, frame bytes) of the oldest record, or None when empty."""
@@ -265,21 +194,8 @@ class MessageLog(ByteRing):
 
     def release(self) -> int:
         """Advance the read index past DONE records at the front; return bytes released."""
-        buf = self._buf
-        cap = self._cap
-        unpack = FRAME.unpack_from
-        write = self.write_index
-        read = start = self.read_index
-        released = 0
-        while read < write:
-            pos = read % cap
-            size, check = unpack(buf, HEADER_SIZE + pos)
-            if size == WRAP or size ^ check != WRAP or size < STATE_SIZE:
-                read, pos, size = self._frame_at(read)  # a wrap marker (or corruption: raises)
-            if buf[HEADER_SIZE + pos + FRAME_SIZE] != DONE:
-                break
-            read += FRAME_SIZE + size + (-size & 7)
-            released += 1
+        start = self.read_index
+        read, released = kernels.release_front(self._buf, self._cap, start, self.write_index)
         if read != start:
             self._advance(read, released)
             self._discard_pages(read)
@@ -383,7 +299,7 @@ class MessageLog(ByteRing):
         write = self.write_index
         read = self.read_index
         out: set[bytes] = set()
-        at_id = STATE_SIZE + _ID_AT
+        at_id = STATE_SIZE + ID_AT
         while read < write:
             at, pos, size = self._frame_at(read)
             record = HEADER_SIZE + pos + FRAME_SIZE

@@ -1,0 +1,217 @@
+"""The compiled log kernels (``pynsqd.shm._logscan``) against their pure-Python twins
+(``pynsqd.shm.logscan``): the same calls on two copies of one log leave the same bytes and
+return the same values, through wraps, empty runs, the largest records, attempts that carry
+and wrap, messages shorter than NSQ's header and corrupt frames. ``PYNSQD_PURE=1`` makes
+``pynsqd.shm.kernels`` pick the pure ones."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pynsqd.shm import logscan as pure
+from pynsqd.shm.frames import FRAME, FRAME_SIZE, RingError
+from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, MessageLog
+from pynsqd.shm.ring import HEADER_SIZE, buffer_size
+from pynsqd.wire.message import HEADER
+
+compiled = pytest.importorskip("pynsqd.shm._logscan", reason="the compiled kernels are not built")
+
+
+def msg(i: int, size: int = 40, attempts: int = 0) -> bytes:
+    return HEADER.pack(i, attempts, b"%016d" % i) + bytes([i & 0xFF]) * size
+
+
+class Twins:
+    """Two logs over two buffers, fed the same calls; ``run`` calls a kernel on both."""
+
+    def __init__(self, capacity: int) -> None:
+        self.bufs = [bytearray(buffer_size(capacity)) for _ in range(2)]
+        self.logs = [MessageLog(buf, init=True) for buf in self.bufs]
+
+    def each(self, call: Callable[[MessageLog], Any]) -> list[Any]:
+        return [call(log) for log in self.logs]
+
+    def run(self, name: str, *args: Any) -> Any:
+        """``name`` of the pure kernels on the first log, of the compiled on the second;
+        both results (or both errors) and both buffers must be equal."""
+        results: list[Any] = []
+        for impl, log in zip((pure, compiled), self.logs):
+            fresh = [list(a) if isinstance(a, list) else bytearray(a) if isinstance(a, bytearray) else a
+                     for a in args]
+            fixed = (log._buf, log._cap, log.read_index, log.write_index) if name != "deliver_run" else (log._buf,)
+            try:
+                value = getattr(impl, name)(*fixed, *fresh)
+            except Exception as exc:  # the same error, with the same message, from both
+                value = (type(exc), str(exc))
+            results.append((value, [a for a in fresh if isinstance(a, bytearray | list)]))
+        assert results[0] == results[1]
+        assert self.bufs[0] == self.bufs[1]
+        return results[0]
+
+    def release(self) -> int:
+        (read, count), _ = self.run("release_front")
+        for log in self.logs:
+            log._advance(read, count)
+        return count
+
+    def close(self) -> None:
+        self.each(lambda log: log.close())
+
+
+def deliver(twins: Twins, cursor: int, count: int) -> tuple[list[int], int, bytearray, list[bytes]]:
+    (positions, cursor), (out, ids) = twins.run("deliver_ready", cursor, count, bytearray(b"x"), [])
+    return positions, cursor, out, ids
+
+
+def finish(twins: Twins, positions: list[int]) -> None:
+    for log in twins.logs:
+        for pos in positions:
+            log.set_state(pos, DONE)
+
+
+def test_a_round_of_delivery_fin_and_release_is_the_same_byte_for_byte() -> None:
+    twins = Twins(4096)
+    twins.each(lambda log: log.append_ready([msg(i, 10 + i * 7) for i in range(20)]))
+    positions, cursor, out, ids = deliver(twins, 0, 8)
+    assert len(positions) == 8 and out[:1] == b"x" and len(ids) == 8
+    assert ids[3] == b"%016d" % 3  # the message ids, in order
+    finish(twins, positions[:5])
+    assert twins.release() == 5
+    rest, cursor, _, _ = deliver(twins, cursor, 100)
+    assert len(rest) == 12
+    assert deliver(twins, cursor, 100)[0] == []  # nothing left ready: an empty run
+    assert twins.run("find", 0, 100, IN_FLIGHT)[0][0] != []
+    twins.close()
+
+
+def test_empty_log_zero_counts_and_an_empty_run() -> None:
+    twins = Twins(1024)
+    assert deliver(twins, 0, 10)[:2] == ([], 0)
+    assert twins.run("find", 0, 0, READY)[0] == ([], 0)
+    assert twins.release() == 0
+    twins.each(lambda log: log.append_ready([msg(1), msg(2)]))
+    assert deliver(twins, 0, 0)[:2] == ([], 0)
+    value, _ = twins.run("deliver_run", [], [], bytearray(), [])
+    assert value[0] is IndexError  # both refuse a run of nothing alike
+    twins.close()
+
+
+def test_runs_that_wrap_around_the_end_of_the_area() -> None:
+    twins = Twins(2048)
+    cursor = 0
+    for round_ in range(30):  # the indices go round the area many times, at every alignment
+        batch = [msg(round_ * 10 + i, 3 + (round_ * 5 + i * 11) % 90) for i in range(1 + round_ % 6)]
+        stored = twins.each(lambda log, batch=batch: log.append_ready(batch))
+        assert stored[0] == stored[1] == len(batch)
+        positions, cursor, _, _ = deliver(twins, cursor, 4)
+        more, cursor, _, _ = deliver(twins, cursor, 100)
+        finish(twins, positions + more)
+        twins.release()
+        assert twins.logs[0].read_index == twins.logs[0].write_index
+    assert twins.logs[0].write_index > 4 * 2048
+    twins.close()
+
+
+def test_the_largest_record_and_attempts_that_carry_and_wrap() -> None:
+    twins = Twins(4096)
+    largest = twins.logs[0].max_frame - FRAME_SIZE - 16  # message bytes of the largest record
+    big = msg(7, largest - 26, attempts=255)
+    assert twins.each(lambda log: log.append_ready([big])) == [1, 1]
+    positions, cursor, out, _ = deliver(twins, 0, 5)
+    assert len(out) == 1 + 8 + largest and out[1 + 8 + 8:1 + 8 + 10] == b"\x01\x00"  # 255 + 1
+    finish(twins, positions)
+    twins.release()
+    twins.each(lambda log: log.append_ready([msg(1, attempts=0xFFFF), msg(2, attempts=0x12FF)]))
+    _, _, out, _ = deliver(twins, cursor, 5)
+    assert out[1 + 16:1 + 18] == b"\x00\x00"  # 65535 + 1 wraps to 0, as the pure code does
+    twins.close()
+
+
+def test_messages_shorter_than_the_header_take_the_pure_path() -> None:
+    twins = Twins(1024)
+    twins.each(lambda log: log.append_ready([b"short", msg(3), b"", b"0123456789abcdefghijklmno"]))
+    positions, _, out, ids = deliver(twins, 0, 10)
+    assert len(positions) == len(ids) == 4 and len(out) == 1 + 4 * 8 + 5 + 66 + 0 + 25
+    twins.close()
+
+
+def test_requeued_positions_are_delivered_alike() -> None:
+    twins = Twins(1024)
+    twins.each(lambda log: log.append_ready([msg(i) for i in range(4)]))
+    positions, _, _, _ = deliver(twins, 0, 4)
+    size = FRAME.unpack_from(twins.bufs[0], HEADER_SIZE + positions[2] - FRAME_SIZE)[0]
+    for log in twins.logs:
+        log.set_state(positions[2], READY)
+    twins.run("deliver_run", [positions[2]], [positions[2] + size], bytearray(), [])
+    twins.run("deliver_run", [positions[3], positions[1]], [positions[3] + size, positions[1] + size],
+              bytearray(), [])  # out of order: handed to the pure code as it is
+    twins.close()
+
+
+@pytest.mark.parametrize("damage", ["length", "complement", "past the end"])
+def test_a_corrupt_frame_raises_the_same_ring_error(damage: str) -> None:
+    twins = Twins(1024)
+    twins.each(lambda log: log.append_ready([msg(i) for i in range(3)]))
+    second = twins.run("find", 0, 10, READY)[0][0][0][0][1] - FRAME_SIZE
+    for buf in twins.bufs:
+        at = HEADER_SIZE + second
+        size = FRAME.unpack_from(buf, at)[0]
+        new = {"length": (size + 8, size ^ 0xFFFFFFFF), "complement": (size, 0),
+               "past the end": (900, 900 ^ 0xFFFFFFFF)}[damage]
+        FRAME.pack_into(buf, at, *new)
+    value, _ = twins.run("deliver_ready", 0, 10, bytearray(), [])
+    assert value[0] is RingError
+    for buf in twins.bufs:  # the first record is DONE: release walks onto the damaged frame
+        buf[HEADER_SIZE + FRAME_SIZE] = DONE
+    value, _ = twins.run("release_front")  # a length release need not trust: it stops at READY
+    assert value[0] is RingError if damage != "past the end" else value == (second, 1)
+    twins.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 300)), min_size=1, max_size=60), st.integers(0, 2**32))
+def test_any_sequence_of_appends_deliveries_fins_and_releases(ops: list[tuple[int, int]], seed: int) -> None:
+    rng = random.Random(seed)
+    twins = Twins(2048)
+    cursor = 0
+    delivered: list[int] = []
+    try:
+        for op, n in ops:
+            if op <= 1:
+                batch = [msg(n + i, rng.randrange(0, 200)) for i in range(1 + n % 7)]
+                stored = twins.each(lambda log, batch=batch: log.append_ready(batch))
+                assert stored[0] == stored[1]
+            elif op == 2:
+                positions, cursor, _, _ = deliver(twins, cursor, 1 + n % 9)
+                delivered += positions
+            elif op == 3 and delivered:
+                rng.shuffle(delivered)
+                done, delivered = delivered[: 1 + n % len(delivered)], delivered[1 + n % len(delivered):]
+                finish(twins, done)
+            elif op == 4:
+                twins.release()
+            else:
+                for want in (READY, IN_FLIGHT, DEFERRED, DONE):
+                    twins.run("find", n % 100, 1 + n % 13, want)
+    finally:
+        twins.close()
+
+
+def test_pynsqd_pure_picks_the_pure_kernels() -> None:
+    code = "import pynsqd.shm.kernels as k, pynsqd.shm.logscan as p; print(k.COMPILED, k.find is p.find)"
+    env = {**os.environ, "PYNSQD_PURE": "1"}
+    forced = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert forced.stdout.split() == ["False", "True"]
+    env.pop("PYNSQD_PURE")
+    default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert default.stdout.split() == ["True", "False"]
+    assert compiled.HEADER_SIZE == HEADER_SIZE
