@@ -1,6 +1,7 @@
-"""The compiled kernels (``pynsqd/shm/_logscan.pyx``), built when Cython and a C compiler are
-at hand; without either the install goes on with the pure-Python twins (``pynsqd.shm.kernels``
-picks whichever is there). Everything else is in pyproject.toml."""
+"""The compiled kernels (``pynsqd/shm/_logscan.pyx``, ``pynsqd/wire/_mpubscan.pyx``), built
+when Cython and a C compiler are at hand; without either the install goes on with the
+pure-Python twins (``pynsqd.shm.kernels`` picks whichever is there). Everything else is in
+pyproject.toml."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ try:
 except ImportError:  # no Cython: nothing to compile
     cythonize = None
 
-KERNELS = ["pynsqd/shm/_logscan.pyx"]
+KERNELS = ["pynsqd/shm/_logscan.pyx", "pynsqd/wire/_mpubscan.pyx"]
 
 
 class OptionalBuildExt(build_ext):

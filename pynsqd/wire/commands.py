@@ -46,6 +46,8 @@ from __future__ import annotations
 import re
 import struct
 
+from pynsqd.shm.kernels import compiled_twin
+from pynsqd.wire import mpubscan
 from pynsqd.wire.errors import ProtocolError, go_quote
 from pynsqd.wire.names import is_valid_name
 
@@ -53,6 +55,8 @@ Command = tuple[bytes, list[bytes], "bytes | list[bytes] | None"]
 
 _SIZE = struct.Struct(">i")
 _unpack_size = _SIZE.unpack_from
+_twin = compiled_twin("pynsqd.wire._mpubscan")
+_scan_bodies = mpubscan.scan_bodies if _twin is None else _twin.scan_bodies
 
 # Commands followed by a size-prefixed body.
 _BODY_COMMANDS = frozenset({b"IDENTIFY", b"AUTH", b"PUB", b"DPUB", b"MPUB"})
@@ -268,25 +272,7 @@ class CommandParser:
                 raise ProtocolError("E_BAD_BODY", f"MPUB invalid message count {count}")
             self._mpub_count = count
             off = 4
-        bodies = self._mpub_bodies
-        max_msg = self.max_msg_size
-        while len(bodies) < self._mpub_count:
-            i = len(bodies)
-            if size - off < 4:
-                raise ProtocolError("E_BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
-            if avail - off < 4:
-                break
-            msg_size = _unpack_size(buf, start + off)[0]
-            if msg_size <= 0:
-                raise ProtocolError("E_BAD_MESSAGE", f"MPUB invalid message({i}) body size {msg_size}")
-            if msg_size > max_msg:
-                raise ProtocolError("E_BAD_MESSAGE", f"MPUB message too big {msg_size} > {max_msg}")
-            if size - off - 4 < msg_size:
-                raise ProtocolError("E_BAD_MESSAGE", "MPUB failed to read message body")
-            if avail - off - 4 < msg_size:
-                break
-            bodies.append(bytes(buf[start + off + 4:start + off + 4 + msg_size]))
-            off += 4 + msg_size
+        off = _scan_bodies(buf, start, off, avail, size, self._mpub_count, self.max_msg_size, self._mpub_bodies)
         self._mpub_off = off
 
 

@@ -146,13 +146,15 @@ def _context(engine: Engine) -> Path:
     (with the build requirements: the image has no C compiler, so it installs the pure kernels)."""
     ctx = engine.workdir / "context"
     files = subprocess.run(["git", "ls-files", "-z", "pyproject.toml", "setup.py", "README.md", "LICENSE", "pynsqd",
-                            "pyspark_nsq", ".dockerignore"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+                            "pyspark_nsq", ".dockerignore"],
+                           cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
     for name in filter(None, files):
         target = ctx / name.decode()
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name.decode(), target)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(ctx / "wheels"),
-                    f"{ROOT}[spark]", "setuptools", "wheel", "Cython"], check=True, capture_output=True, timeout=scaled(600))
+                    f"{ROOT}[spark]", "setuptools", "wheel", "Cython"],
+                   check=True, capture_output=True, timeout=scaled(600))
     return ctx
 
 

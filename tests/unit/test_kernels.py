@@ -1,13 +1,15 @@
-"""The compiled log kernels (``pynsqd.shm._logscan``) against their pure-Python twins
-(``pynsqd.shm.logscan``): the same calls on two copies of one log leave the same bytes and
+"""The compiled kernels against their pure-Python twins. The log's (``pynsqd.shm._logscan``,
+``pynsqd.shm.logscan``): the same calls on two copies of one log leave the same bytes and
 return the same values, through wraps, empty runs, the largest records, attempts that carry
-and wrap, messages shorter than NSQ's header and corrupt frames. ``PYNSQD_PURE=1`` makes
-``pynsqd.shm.kernels`` pick the pure ones."""
+and wrap, messages shorter than NSQ's header and corrupt frames. The MPUB scan's
+(``pynsqd.wire._mpubscan``, ``pynsqd.wire.mpubscan``): the same messages and errors at every
+point of a body's arrival. ``PYNSQD_PURE=1`` makes the callers pick the pure ones."""
 
 from __future__ import annotations
 
 import os
 import random
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,9 +23,12 @@ from pynsqd.shm import logscan as pure
 from pynsqd.shm.frames import FRAME, FRAME_SIZE, RingError
 from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, MessageLog
 from pynsqd.shm.ring import HEADER_SIZE, buffer_size
+from pynsqd.wire import commands, mpubscan
+from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.message import HEADER
 
 compiled = pytest.importorskip("pynsqd.shm._logscan", reason="the compiled kernels are not built")
+ORIGINAL_SCAN = commands._scan_bodies
 
 
 def msg(i: int, size: int = 40, attempts: int = 0) -> bytes:
@@ -207,11 +212,80 @@ def test_any_sequence_of_appends_deliveries_fins_and_releases(ops: list[tuple[in
 
 
 def test_pynsqd_pure_picks_the_pure_kernels() -> None:
-    code = "import pynsqd.shm.kernels as k, pynsqd.shm.logscan as p; print(k.COMPILED, k.find is p.find)"
+    code = ("import pynsqd.shm.kernels as k, pynsqd.shm.logscan as p, pynsqd.wire.commands as c;"
+            "print(k.COMPILED, k.find is p.find, c._scan_bodies.__module__)")
     env = {**os.environ, "PYNSQD_PURE": "1"}
     forced = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert forced.stdout.split() == ["False", "True"]
+    assert forced.stdout.split() == ["False", "True", "pynsqd.wire.mpubscan"]
     env.pop("PYNSQD_PURE")
     default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert default.stdout.split() == ["True", "False"]
+    assert default.stdout.split() == ["True", "False", "pynsqd.wire._mpubscan"]
     assert compiled.HEADER_SIZE == HEADER_SIZE
+
+
+# -- the MPUB scan ---------------------------------------------------------------------------
+
+def mpub_body(sizes: list[int]) -> bytes:
+    """An MPUB body announcing messages of ``sizes`` (of the largest, only its first 2 MiB)."""
+    return struct.pack(">i", len(sizes)) + b"".join(
+        struct.pack(">i", n) + bytes([n & 0xFF]) * min(max(n, 0), 1 << 21) for n in sizes)
+
+
+def scan_both(buf: bytearray, start: int, off: int, avail: int, size: int, count: int, max_msg: int,
+              taken: tuple[bytes, ...] = ()) -> Any:
+    """``scan_bodies`` of both kinds on the same input, ``taken`` the messages already
+    scanned: (offset or error, bodies), equal."""
+    results = []
+    for impl in (mpubscan, compiled_mpub):
+        bodies = list(taken)
+        try:
+            value: Any = impl.scan_bodies(buf, start, off, avail, size, count, max_msg, bodies)
+        except ProtocolError as exc:
+            value = (exc.code, str(exc))
+        results.append((value, bodies))
+    assert results[0] == results[1]
+    return results[0]
+
+
+compiled_mpub = pytest.importorskip("pynsqd.wire._mpubscan", reason="the compiled kernels are not built")
+
+
+@pytest.mark.parametrize(("sizes", "max_msg"), [
+    ([1, 2, 3], 100), ([100] * 50, 100), ([1048576], 1048576), ([5, 0, 5], 100), ([5, -1], 100),
+    ([5, 101], 100), ([7, 2**31 - 1], 2**31 - 1)])
+def test_the_mpub_scan_takes_and_refuses_alike_at_every_arrival(sizes: list[int], max_msg: int) -> None:
+    body = mpub_body(sizes)
+    lead = b"MPUB t\n" + struct.pack(">i", len(body))
+    buf = bytearray(lead + body)
+    start = len(lead)
+    steps = sorted({0, 1, 3, 4, 5, 8, len(body) - 1, len(body), *range(0, len(body), max(1, len(body) // 40))})
+    for avail in steps:  # the body arriving in pieces: each scan resumes nowhere but from 4
+        if 0 <= avail <= len(body):
+            scan_both(buf, start, 4, avail, len(body), len(sizes), max_msg)
+    scan_both(buf, start, 4, len(body), len(body) - 1, len(sizes), max_msg)  # declared body too short
+    scan_both(buf, start, 4, 2, 5, len(sizes), max_msg)  # no room for the next size
+
+
+def test_the_mpub_scan_resumes_where_it_stopped() -> None:
+    body = mpub_body([10, 20, 30])
+    buf = bytearray(body)
+    first, bodies = scan_both(buf, 0, 4, 30, len(body), 3, 100)
+    assert (first, bodies) == (18, [b"\n" * 10])
+    assert scan_both(buf, 0, first, len(body), len(body), 3, 100, tuple(bodies)) == (
+        len(body), [b"\n" * 10, b"\x14" * 20, b"\x1e" * 30])
+
+
+def test_the_parser_splits_an_mpub_in_pieces_the_same_with_either_kernel() -> None:
+    body = mpub_body([3, 200, 1, 4096, 77])
+    stream = b"MPUB topic\n" + struct.pack(">i", len(body)) + body + b"NOP\n"
+    outcomes = []
+    for impl in (mpubscan, compiled_mpub):
+        commands.__dict__["_scan_bodies"] = impl.scan_bodies
+        try:
+            parser = commands.CommandParser()
+            events = [event for i in range(0, len(stream), 13) for event in parser.feed(stream[i:i + 13])]
+        finally:
+            commands.__dict__["_scan_bodies"] = ORIGINAL_SCAN
+        outcomes.append(events)
+    assert outcomes[0] == outcomes[1] and len(outcomes[0]) == 2
+    assert [len(b) for b in outcomes[0][0][2]] == [3, 200, 1, 4096, 77]
