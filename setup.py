@@ -1,6 +1,6 @@
 """The compiled kernels (``pynsqd/shm/_logscan.pyx``, ``pynsqd/wire/_mpubscan.pyx``), built
 when Cython and a C compiler are at hand; without either the install goes on with the
-pure-Python twins (``pynsqd.shm.kernels`` picks whichever is there). Everything else is in
+pure-Python twins (``pynsqd.compiled`` picks whichever is there). Everything else is in
 pyproject.toml."""
 
 from __future__ import annotations

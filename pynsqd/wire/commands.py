@@ -46,7 +46,7 @@ from __future__ import annotations
 import re
 import struct
 
-from pynsqd.shm.kernels import compiled_twin
+from pynsqd.compiled import compiled_twin
 from pynsqd.wire import mpubscan
 from pynsqd.wire.errors import ProtocolError, go_quote
 from pynsqd.wire.names import is_valid_name

@@ -1,7 +1,7 @@
 """The per-message loop of an MPUB body in pure Python: each message's 4-byte size checked as
 nsqd checks it, and its bytes taken, as far as the body has arrived. ``pynsqd.wire._mpubscan``
 is its compiled twin (same results, same errors); ``pynsqd.wire.commands`` uses whichever
-``pynsqd.shm.kernels.compiled_twin`` gives."""
+``pynsqd.compiled.compiled_twin`` gives."""
 
 from __future__ import annotations
 
