@@ -25,6 +25,8 @@ from pynsqd.client import Consumer, Message, SyncProducer
 from tests.conftest import run_async
 from tests.support.harness import Daemon, scaled, wait_for
 
+ROOT = str(Path(__file__).resolve().parents[2])  # the checkout
+
 
 def make_session() -> Any:
     """A local[2] SparkSession sized for tests (UI off, few shuffle partitions)."""
@@ -170,11 +172,33 @@ class SparkProcess:
         self._out.close()
 
 
+# run as ``sh -c`` in the new mount namespace: the old /tmp stays reachable at /mnt (this
+# namespace only) while the checkout and the virtualenv, when they live under /tmp, are bound
+# back into the empty tmpfs; then /mnt is let go
+_PRIVATE_TMP = """set -e
+keep="$1"; shift
+[ -n "$keep" ] && mount --bind /tmp /mnt
+mount -t tmpfs -o size=4g pynsqd-private-tmp /tmp
+for path in $keep; do mkdir -p "$path"; mount --bind "/mnt/${path#/tmp/}" "$path"; done
+[ -n "$keep" ] && umount -l /mnt
+exec "$@"
+"""
+
+
+def _kept_under_tmp() -> list[str]:
+    """The paths under /tmp a private /tmp must still show: this checkout and the virtualenv
+    the processes run from (each once, the outermost), so a clone in /tmp runs too."""
+    paths = sorted({os.path.realpath(p) for p in (ROOT, sys.prefix)})
+    under = [p for p in paths if p.startswith("/tmp/")]
+    return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
+
+
 def private_tmp(command: list[str]) -> list[str]:
     """``command`` in a mount namespace of its own with an empty tmpfs on ``/tmp`` (needs root):
-    it and its children see none of the other processes' temporary files, as on another host."""
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'mount -t tmpfs -o size=4g pynsqd-private-tmp /tmp && exec "$@"', "private-tmp", *command]
+    it and its children see none of the other processes' temporary files, as on another host
+    (only the checkout and the virtualenv are still seen where they live under /tmp)."""
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _PRIVATE_TMP, "private-tmp",
+            " ".join(_kept_under_tmp()), *command]
 
 
 def start_standalone(tmp: Path, workers: int = 1, isolated: bool = False,
