@@ -1,6 +1,7 @@
 """Exponential back-off with jitter: the one rule for everything in pynsqd that waits longer
 after each failure — reconnects (the client library's direct connections, the node's lookupd
-registration), shard restarts, a failed destination of the tools, a consumer's RDY backoff.
+registration), shard restarts, a failed destination of the tools, a consumer's RDY backoff,
+a shard's failing disk syncs.
 
 The nth consecutive failure waits ``exponential(base, cap, n)`` = ``min(cap, base * 2**(n-1))``
 seconds, drawn down by ``jitter``: uniformly from ``[d * (1 - jitter), d]``. Without jitter,

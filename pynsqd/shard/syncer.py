@@ -24,9 +24,9 @@ clean exit syncs every queue inline (``DiskQueue.close``).
 A sync that fails (ENOSPC writing the metadata, EIO from fsync) leaves the queue consistent
 and its operation count non-zero, so it is retried. A failing spell is logged once, when it
 begins (``failed to sync ... retrying``), and once when a sync succeeds again; meanwhile the
-scan retries after a back-off that doubles from ``RETRY_MIN`` to ``RETRY_MAX``. Syncs asked
-for by writes and reads still start at once: they also remove the files consumption has
-read past, which is what gives a full disk its space back.
+scan retries after a back-off (``pynsqd.backoff``) that doubles from ``RETRY_MIN`` to
+``RETRY_MAX``. Syncs asked for by writes and reads still start at once: they also remove the
+files consumption has read past, which is what gives a full disk its space back.
 """
 
 from __future__ import annotations
@@ -36,21 +36,24 @@ import concurrent.futures
 import logging
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from pynsqd.backoff import Backoff
 from pynsqd.shm.diskqueue import DiskQueue, DiskQueueError
 
 log = logging.getLogger("pynsqd.shard")
 
-RETRY_MIN = 0.1e9  # ns: first back-off after a failed sync
-RETRY_MAX = 10e9  # ns: longest back-off between retries of a failing queue
+RETRY_MIN = 0.1  # s: first back-off after a failed sync
+RETRY_MAX = 10.0  # s: longest back-off between retries of a failing queue
 
 
 @dataclass(slots=True)
 class _State:
     running: bool = False
     again: bool = False  # asked for while running: start another when it ends
-    failures: int = 0  # consecutive failed syncs (0: healthy)
+    # consecutive failed syncs (0: healthy) and the delay each earns; no jitter: the retries
+    # are this shard's own, with no peers to fall into step with
+    retry: Backoff = field(default_factory=lambda: Backoff(RETRY_MIN, RETRY_MAX, jitter=0.0))
     retry_at: int = 0  # monotonic ns before which the scan does not retry a failing queue
 
 
@@ -95,17 +98,16 @@ class Syncer:
         state.running = False
         exc = None if future.cancelled() else future.exception()
         if exc is None:
-            if state.failures:
-                log.warning("DISKQUEUE(%s) synced again after %d failed attempt(s)", queue.name, state.failures)
-            state.failures = 0
+            if state.retry.failures:
+                log.warning("DISKQUEUE(%s) synced again after %d failed attempt(s)", queue.name,
+                            state.retry.failures)
+            state.retry.reset()
             state.retry_at = 0
         else:
-            state.failures += 1
-            delay = min(RETRY_MIN * 2 ** (state.failures - 1), RETRY_MAX)
-            state.retry_at = time.monotonic_ns() + int(delay)
-            if state.failures == 1:
+            state.retry_at = time.monotonic_ns() + int(state.retry.failed() * 1e9)
+            if state.retry.failures == 1:
                 why = str(exc) if isinstance(exc, DiskQueueError) else f"DISKQUEUE({queue.name}) sync failed - {exc!r}"
-                log.error("%s; retrying with back-off (up to %gs)", why, RETRY_MAX / 1e9)
+                log.error("%s; retrying with back-off (up to %gs)", why, RETRY_MAX)
         if state.again:
             state.again = False
             self.request(queue)
