@@ -24,12 +24,14 @@ _LISTEN = re.compile(rb"(TCP|HTTP): listening on \S+:(\d+)")
 Figures = dict[str, dict[str, float]]
 
 
-def start_node(data: str, *flags: str) -> tuple[subprocess.Popen[bytes], int, int]:
-    """Start ``nsqd`` on free loopback ports; returns the process, its TCP and HTTP ports."""
+def start_node(data: str, *flags: str, tree: Path = ROOT) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start ``nsqd`` from the source ``tree`` (this one unless told: another checkout for
+    A/B runs) on free loopback ports; returns the process, its TCP and HTTP ports."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "pynsqd.supervisor", "--tcp-address=127.0.0.1:0",
          "--http-address=127.0.0.1:0", f"--data-path={data}", *flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)})
     assert proc.stderr is not None
     ports: dict[bytes, int] = {}
     deadline = time.monotonic() + 30
@@ -48,10 +50,10 @@ def start_node(data: str, *flags: str) -> tuple[subprocess.Popen[bytes], int, in
 
 
 @contextlib.contextmanager
-def running_node(data: str, *flags: str,
-                 stop_timeout: float = 30) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
+def running_node(data: str, *flags: str, stop_timeout: float = 30,
+                 tree: Path = ROOT) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
     """``start_node`` for the block; then SIGTERM, wait, and unlink its shared memory."""
-    proc, tcp_port, http_port = start_node(data, *flags)
+    proc, tcp_port, http_port = start_node(data, *flags, tree=tree)
     try:
         yield proc, tcp_port, http_port
     finally:

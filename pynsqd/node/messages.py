@@ -11,6 +11,7 @@ Supervisor → shard: ``Adopt`` (a TCP connection, with its state and unread byt
 ``ServeHTTP`` (HTTP/HTTPS connections), ``RunHTTP`` (an admin call proxied from another
 shard), ``CreateChannels``, ``Quiesce`` and ``Exit`` (the two shutdown phases).
 Shard → supervisor: ``Ready``, ``Snapshot`` (its topics, for ``nsqd.dat`` and lookupd),
+``Updated`` (the topics a loop turn changed),
 ``Changed`` (a topic or channel created or deleted), ``HandOff`` (a connection for another
 shard), ``Proxy`` (an admin call for another shard's topic).
 Both ways: ``StatsRequest``, ``HealthRequest``, ``SetConfig`` (``PUT /config`` node-wide).
@@ -183,6 +184,25 @@ class Snapshot(Message):
     def from_wire(cls: type[M], fields: dict[str, Any], payload: bytes) -> M:
         topics = [TopicRecord.from_json(t) for t in fields["topics"]]
         return cls(topics=topics, final=bool(fields.get("final", False)))  # type: ignore[call-arg]
+
+
+@message
+@dataclasses.dataclass(frozen=True)
+class Updated(Message):
+    """Topics of the shard that changed (created, paused, a channel created, paused or deleted)
+    as they now are, and the names of those deleted: a ``Snapshot`` of only what changed."""
+
+    op: ClassVar[str] = "updated"
+    topics: list[TopicRecord]
+    deleted: list[str]
+
+    def encode(self) -> tuple[dict[str, Any], bytes]:
+        return {"op": self.op, "topics": [t.to_json() for t in self.topics], "deleted": self.deleted}, b""
+
+    @classmethod
+    def from_wire(cls: type[M], fields: dict[str, Any], payload: bytes) -> M:
+        topics = [TopicRecord.from_json(t) for t in fields["topics"]]
+        return cls(topics=topics, deleted=[str(n) for n in fields["deleted"]])  # type: ignore[call-arg]
 
 
 @message
