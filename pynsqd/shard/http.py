@@ -241,7 +241,7 @@ class NsqdHTTP:
         return self._metrics_response()
 
     def _metrics_response(self) -> Response:
-        body = exposition(lambda: node_stats(self.broker, include_mem=False), self.opts.data_dir)
+        body = exposition(node_stats(self.broker, include_mem=False), self.opts.data_dir)
         return Response(body, media_type=PROMETHEUS_TYPE)
 
     # --- topics and channels --------------------------------------------------------------

@@ -204,7 +204,7 @@ class NodeHTTP:
             raise HTTPError(500, "INTERNAL_ERROR")
         doc = orjson.loads(reply.doc)
         if prometheus:
-            return Response(exposition(lambda: doc, self.app.opts.data_dir), media_type=PROMETHEUS_TYPE)
+            return Response(exposition(doc, self.app.opts.data_dir), media_type=PROMETHEUS_TYPE)
         if fmt == "json":
             return api_response(doc)
         return api_response(format_text(doc, start_ns=self.app.broker.start_ns))
