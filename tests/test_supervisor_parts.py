@@ -43,6 +43,7 @@ from pynsqd.node.messages import (
     Snapshot,
     StatsDocument,
     StatsRequest,
+    Updated,
     decode_message,
 )
 from pynsqd.node.metadata import ChannelRecord, TopicRecord
@@ -176,6 +177,7 @@ def test_control_channel_closes_descriptors_a_handler_does_not_take() -> None:
     RunHTTP("POST", "/topic/create", "topic=t", "https", b"body"), CreateChannels("t", ["a", "b"]),
     Quiesce(2.5), Exit(), Ready(42), Changed("created", "t", None), Changed("deleted", "t", "c"),
     Snapshot([TopicRecord("t", True, [ChannelRecord("c", False)])], final=True),
+    Updated([TopicRecord("t", False, [ChannelRecord("c", True)])], ["gone", "old"]),
     HandOff(1, ConnectionState(True, "h:1", None, {"t": 2}, {"version": "TLSv1.3"}, "snappy", {"secret": "s"}),
             b"PUB t\n"),
     Proxy(2, "GET", "/topic/pause", "topic=t"),
