@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from pynsqd.wire.commands import encode_fin, encode_mpub, encode_pub, encode_req
-from tests.support.harness import Daemon, wait_for
+from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 
@@ -153,7 +153,7 @@ def test_many_creates_pauses_and_deletes_reach_nsqd_dat_and_survive_kill_9(
     only what changed; a kill -9 of the whole tree then loses none of it."""
     nsqd = nsqd_factory("--shards=2", data_path=tmp_path)
     expected: dict[str, tuple[bool, dict[str, bool]]] = {}
-    with httpx.Client(base_url=nsqd.http_url, timeout=10) as http:
+    with httpx.Client(base_url=nsqd.http_url, timeout=scaled(10)) as http:
         def call(path: str, body: bytes = b"") -> None:
             assert http.post(path, content=body).status_code == 200, path
         for i in range(120):
@@ -186,7 +186,7 @@ def test_many_creates_pauses_and_deletes_reach_nsqd_dat_and_survive_kill_9(
     wait_for(lambda: on_disk() == expected, 10, interval=0.05, what="nsqd.dat to hold every change")
     nsqd.kill()
     again = nsqd_factory("--shards=2", data_path=tmp_path)
-    with httpx.Client(base_url=again.http_url, timeout=10) as http:
+    with httpx.Client(base_url=again.http_url, timeout=scaled(10)) as http:
         topics = http.get("/stats", params={"format": "json"}).json()["topics"]
     assert {t["topic_name"]: (t["paused"], {c["channel_name"]: c["paused"] for c in t["channels"]})
             for t in topics} == expected

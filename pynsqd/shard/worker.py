@@ -272,7 +272,7 @@ class ShardWorker:
 
     def _send_update(self) -> None:
         names, self._changed_topics = self._changed_topics, set()
-        if not self.control.closed:
+        if names and not self.control.closed:  # (none: a whole snapshot went meanwhile)
             self.control.send(Updated(self.broker.snapshot(names), [n for n in names if n not in self.broker.topics]))
 
     def _send_snapshot(self) -> None:
