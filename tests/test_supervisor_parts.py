@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from pynsqd.node import metadata
+from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.boot import BootConfig
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.control import CHUNK, ControlChannel, Received, channel_pair
@@ -40,6 +41,7 @@ from pynsqd.node.messages import (
     RunHTTP,
     ServeHTTP,
     SetConfig,
+    ShardDocuments,
     Snapshot,
     StatsDocument,
     StatsRequest,
@@ -56,7 +58,6 @@ from pynsqd.shm.ring import ByteRing
 from pynsqd.shm.segment import Segment, list_segments, segment_name, unlink_segment
 from pynsqd.shm.sizing import LogSizing
 from pynsqd.supervisor import leftover_rings
-from pynsqd.supervisor.aggregate import merge_stats
 from pynsqd.supervisor.handoff import Greeting
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import CommandParser, encode_command, encode_identify, encode_mpub, encode_pub
@@ -181,7 +182,8 @@ def test_control_channel_closes_descriptors_a_handler_does_not_take() -> None:
     HandOff(1, ConnectionState(True, "h:1", None, {"t": 2}, {"version": "TLSv1.3"}, "snappy", {"secret": "s"}),
             b"PUB t\n"),
     Proxy(2, "GET", "/topic/pause", "topic=t"),
-    StatsRequest("t", "c", False, True, True), HealthRequest(), SetConfig("log_level", b"debug"),
+    StatsRequest("t", "c", False, True, True), StatsRequest(skip=1), HealthRequest(), SetConfig("log_level", b"debug"),
+    ShardDocuments(b'{"docs":[[1,{}]],"supervisor":null,"start_time":5}'),
     StatsDocument(b'{"topics":[]}'), Health("NOK - disk"), HTTPResponse(404, [["a", "b"]], b"x"),
     Failed("down"), Done(),
 ])

@@ -15,7 +15,7 @@ Shard → supervisor: ``Ready``, ``Snapshot`` (its topics, for ``nsqd.dat`` and 
 ``Changed`` (a topic or channel created or deleted), ``HandOff`` (a connection for another
 shard), ``Proxy`` (an admin call for another shard's topic).
 Both ways: ``StatsRequest``, ``HealthRequest``, ``SetConfig`` (``PUT /config`` node-wide).
-Replies: ``StatsDocument``, ``Health``, ``HTTPResponse``, ``Failed``, ``Done``.
+Replies: ``StatsDocument``, ``ShardDocuments``, ``Health``, ``HTTPResponse``, ``Failed``, ``Done``.
 """
 
 from __future__ import annotations
@@ -261,6 +261,7 @@ class StatsRequest(Message):
     include_clients: bool = True
     include_mem: bool = True
     include_shards: bool = False
+    skip: int = -1  # a shard asking for the node's stats makes its own document itself
 
 
 @message
@@ -287,6 +288,17 @@ class SetConfig(Message):
 class StatsDocument(Message):
     op: ClassVar[str] = "stats_document"
     doc: bytes  # JSON
+
+
+@message
+@dataclasses.dataclass(frozen=True)
+class ShardDocuments(Message):
+    """The supervisor's answer to a shard's ``StatsRequest``: the other shards' documents as
+    they sent them, joined without being parsed, for the asking shard to merge with its own:
+    ``{"docs": [...], "supervisor": {...} or null, "start_time": n}``."""
+
+    op: ClassVar[str] = "shard_documents"
+    docs: bytes  # JSON
 
 
 @message

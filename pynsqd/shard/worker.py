@@ -202,7 +202,9 @@ class ShardWorker:
             return
         handler(received.message, received)
 
-    def _stats(self, msg: StatsRequest, received: Received) -> None:
+    def stats_document(self, msg: StatsRequest) -> dict[str, Any]:
+        """This shard's part of the node's stats, its inbound rings drained first (a message
+        that got ``OK`` anywhere shows)."""
         self.inbound.drain(None)
         doc = node_stats(self.broker, msg.topic, msg.channel, msg.include_clients, msg.include_mem,
                          msg.include_shards, alone=False)
@@ -210,7 +212,10 @@ class ShardWorker:
                                  "cross_shard_sent": self.outbound.sent,
                                  "cross_shard_received": self.inbound.received,
                                  "cross_shard_framed": self.inbound.framed}
-        self.control.reply(received, StatsDocument(orjson.dumps(doc)))
+        return doc
+
+    def _stats(self, msg: StatsRequest, received: Received) -> None:
+        self.control.reply(received, StatsDocument(orjson.dumps(self.stats_document(msg))))
 
     def _health(self, msg: HealthRequest, received: Received) -> None:
         self.control.reply(received, Health(self.broker.health))

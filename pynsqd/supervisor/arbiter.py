@@ -52,6 +52,7 @@ import orjson
 from pynsqd import NSQ_VERSION, __version__, logs, sdnotify
 from pynsqd.netaddr import bind, bound_port, describe
 from pynsqd.node import metadata
+from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.control import PROXY_WAIT, ControlChannel, Received, channel_pair
@@ -73,6 +74,7 @@ from pynsqd.node.messages import (
     Quiesce,
     Ready,
     SetConfig,
+    ShardDocuments,
     Snapshot,
     StatsDocument,
     StatsRequest,
@@ -86,7 +88,6 @@ from pynsqd.shm import store
 from pynsqd.shm.sizing import Host, plan
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.accept import Accepted, Acceptor
-from pynsqd.supervisor.aggregate import merge_stats
 from pynsqd.supervisor.handoff import greet
 from pynsqd.supervisor.httpaccept import HTTPAcceptor
 from pynsqd.supervisor.registration import Registration
@@ -407,14 +408,25 @@ class Supervisor:
             sock.close()
 
     async def _call_all(self, msg: Message) -> list[Message]:
-        calls = [s.channel.call(msg, wait=CALL_TIMEOUT) for s in self.slots
-                 if s.is_ready and s.channel is not None and not s.channel.closed]
-        return [r for r in await asyncio.gather(*calls, return_exceptions=True) if isinstance(r, Message)]
+        return [r for _, r in await self._call_each(msg)]
+
+    async def _call_each(self, msg: Message, skip: int = -1) -> list[tuple[int, Message]]:
+        """``msg`` to every ready shard but ``skip``: (shard index, reply) of those that answered."""
+        slots = [s for s in self.slots if s.index != skip and s.is_ready and s.channel is not None
+                 and not s.channel.closed]
+        replies = await asyncio.gather(*(s.channel.call(msg, wait=CALL_TIMEOUT) for s in slots if s.channel),
+                                       return_exceptions=True)
+        return [(s.index, r) for s, r in zip(slots, replies) if isinstance(r, Message)]
 
     async def _stats(self, slot: Slot, msg: StatsRequest, received: Received) -> None:
-        doc = await self.node_stats(msg)
+        """A shard's ``/stats``: the other shards' documents, passed on unparsed with their
+        indices; the asking shard makes its own meanwhile and merges them all."""
+        replies = await self._call_each(msg, skip=msg.skip)
+        docs = b",".join(b"[%d,%s]" % (i, r.doc) for i, r in replies if isinstance(r, StatsDocument))
+        supervisor = orjson.dumps(self.stats() if msg.include_shards else None)
         if slot.channel is not None:
-            slot.channel.reply(received, StatsDocument(orjson.dumps(doc)))
+            slot.channel.reply(received, ShardDocuments(
+                b'{"docs":[%s],"supervisor":%s,"start_time":%d}' % (docs, supervisor, self.start_time)))
 
     async def _health(self, slot: Slot, received: Received) -> None:
         """``/ping`` is the node's health: the first shard that is not OK decides it."""
