@@ -84,7 +84,7 @@ def consumers(addr: tuple[str, int], topics: list[str], runfor: float, total: in
     end = time.monotonic() + runfor
     first = last = 0.0
     # stop 2 s after the backlog ran dry (the rate, first to last message, excludes that)
-    while time.monotonic() < end and count < total and time.time() - (last or start) < 2.0:
+    while time.monotonic() < end and count < total and (not last or time.time() - last < 2.0):
         events = sel.select(0.1)
         if events:
             last = time.time()

@@ -11,6 +11,7 @@ costs the shared cores as little as Python allows.
 from __future__ import annotations
 
 import http.client
+import math
 import multiprocessing as mp
 import select
 import statistics
@@ -127,9 +128,10 @@ def _run(t: Target, target: Callable[..., None], per_proc: list[tuple[Any, ...]]
 
 def _tcp_figures(t: Target, results: list[Any], cpu: float) -> tuple[Figures, int]:
     count = sum(r[0] for r in results)
-    span = max(r[2] for r in results) - min(r[1] for r in results if r[1])
+    firsts = [r[1] for r in results if r[1]]  # a consumer that got nothing has no first message
+    span = max(r[2] for r in results) - min(firsts) if firsts else math.inf
     t.meter.rss()
-    return {"msgs_s": count / max(span, 1e-9), "cpu_us_msg": cpu / max(count, 1) * 1e6,
+    return {"msgs_s": count / max(span, 1e-9), "cpu_us_msg": cpu / count * 1e6 if count else math.nan,
             "peak_rss_mb": t.meter.peak_rss / 2**20}, count
 
 
@@ -158,8 +160,8 @@ def _consume(t: Target, o: Any, topics: list[str]) -> Figures:
     results, cpu = _run(t, consumers, [(t.tcp, g, o.runfor, total) for g in groups])
     figures, count = _tcp_figures(t, results, cpu)
     t.backlog[tuple(topics)] = total - count
-    if count < total and count / figures["msgs_s"] < o.runfor - 1:
-        print(f"note: delivery stopped for 2 s with {total - count:,} of {total:,} messages left", flush=True)
+    if count < total and (not count or count / figures["msgs_s"] < o.runfor - 1):
+        print(f"note: delivery stopped with {total - count:,} of {total:,} messages left", flush=True)
     return figures
 
 

@@ -39,7 +39,7 @@ def test_compares_a_started_node_with_a_running_one(nsqd_factory: Callable[..., 
     host, port = running.http
     bench = subprocess.Popen(
         [sys.executable, str(ROOT / "bench" / "bench_nsqd.py"), "--runfor", "0.5", "--scenarios", "pub,topics",
-         "--topics", "5", "--compare-nsqd-tcp-address", "{}:{}".format(*running.tcp),
+         "--topics", "10", "--compare-nsqd-tcp-address", "{}:{}".format(*running.tcp),
          "--compare-nsqd-http-address", f"{host}:{port}", "--compare-nsqd-pid", str(running.pid)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -62,7 +62,9 @@ def test_compares_a_started_node_with_a_running_one(nsqd_factory: Callable[..., 
     assert [r.split("|")[0].strip() for r in rows] == [f"{n} {f}" for n, fs in FIGURES.items() for f in fs], rows
     for row in rows:
         _, a, b, ratio = (c.strip() for c in row.split("|"))
-        assert re.fullmatch(NUMBER, a) and re.fullmatch(NUMBER, b) and re.fullmatch(NUMBER, ratio), row
+        assert re.fullmatch(NUMBER, a) and re.fullmatch(NUMBER, b), row
+        # CPU is counted in clock ticks: a few topics' worth may round to 0, and x/0 has no ratio
+        assert re.fullmatch(NUMBER, ratio) or (ratio == "-" and float(a) == 0), row
 
     with urllib.request.urlopen(f"http://{host}:{port}/stats?format=json", timeout=30) as r:
         assert json.load(r)["topics"] == [], "the bench topics are left on the running node"
