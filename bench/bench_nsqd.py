@@ -25,7 +25,8 @@ mpub32,sub32 / http / topics), with a fresh data path, free ports, ``--mem-queue
 and defaults otherwise (one shard a CPU), and stopped by pid after it. Node B, from the
 ``--compare-*`` flags, is optional; with it both nodes run the same scenario one after the
 other (A B, then B A on the next repeat), and the output ends with ``figure | A | B | B/A``.
-``--repeat N`` prints medians of N runs.
+Before each scenario both nodes are let go idle (under 6% of a CPU), so that neither's
+leftover work counts. ``--repeat N`` prints medians of N runs.
 
   .venv/bin/python bench/bench_nsqd.py --tree /path/to/base --compare-tree . --repeat 3
 """
@@ -144,7 +145,12 @@ def run(args: argparse.Namespace, sides: list[Side]) -> dict[str, list[dict[str,
                 targets = {s.label: stack.enter_context(s.node(args.mem_queue_size)) for s in order}
                 for name in names:
                     for s in order:
+                        for target in targets.values():
+                            target.settle()
+                        before = targets[s.label].meter.pids()
                         fig = SCENARIOS[name][1](targets[s.label], args)
+                        if targets[s.label].meter.pids() != before:
+                            print(f"note: {s.label}'s process tree changed during {name}: its CPU figure is short")
                         runs[s.label][-1][name] = fig
                         print(f"run {rep + 1} {s.label} {name:7s} "
                               + "  ".join(f"{k}={_fmt(v)}" for k, v in fig.items()), flush=True)

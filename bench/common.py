@@ -98,6 +98,11 @@ class Meter:
     def _tree(self) -> list[psutil.Process]:
         return [self.proc, *self.proc.children(recursive=True)]
 
+    def pids(self) -> set[int]:
+        """The tree's processes now (if it changes during a measurement, a process that exited
+        took its CPU seconds with it)."""
+        return {p.pid for p in self._tree()}
+
     def cpu(self) -> float:
         """CPU seconds (user + system) the tree has used so far."""
         total = 0.0

@@ -56,6 +56,17 @@ class Target:
         self.created.extend(new)
         return full
 
+    def settle(self, timeout: float = 20.0) -> None:
+        """Wait (up to ``timeout`` s) until the node is idle: under 6% of a CPU over 0.5 s, so
+        that no work left from starting or from the last scenario counts in the next one."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            cpu = self.meter.cpu()
+            time.sleep(0.5)
+            if self.meter.cpu() - cpu < 0.03:
+                return
+        print(f"note: the node at {self.tcp[0]}:{self.tcp[1]} was still busy after {timeout:g} s", flush=True)
+
 
 def publisher(addr: tuple[str, int], frames: list[bytes], batch: int, runfor: float, start: float,
               out: mp.Queue) -> None:
