@@ -8,9 +8,8 @@ generator and like a client that waits for ``OK``.
 
 ``run`` writes a Lua script that makes every request a POST of the given body (and prints the
 99.9th percentile when done), runs wrk, and parses its report (``--latency`` adds the
-percentile table). The CPU wrk used comes from
-``wait4``'s rusage. Any non-2xx answer or socket error fails the phase: a fast error is not
-a publish.
+percentile table). The CPU wrk used comes from ``wait4``'s rusage. Any non-2xx answer or
+socket error fails the phase: a fast error is not a publish.
 """
 
 from __future__ import annotations
