@@ -10,7 +10,7 @@ time of all the creating requests), ``metrics_ms`` and ``stats_ms`` (medians), `
 ``--trees A,B`` starts one node per tree (``bench.common.start_node``'s ``tree``: another
 checkout's code runs), interleaved per run, for A/B comparisons:
 
-  .venv/bin/python bench/bench_topics.py --repeat 3 --trees /work/wt/base084,.
+  .venv/bin/python bench/bench_topics.py --repeat 3 --trees /path/to/base,.
 
 ``measure(http_address, count, pid)`` is the workload alone, for a node someone else runs.
 """
