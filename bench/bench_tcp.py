@@ -28,12 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figures, add_load_args, report, running_node  # noqa: E402
+from bench.common import Figures, Meter, add_load_args, report, running_node  # noqa: E402
 from pynsqd.wire.commands import encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub  # noqa: E402
 
 _HDR = struct.Struct(">ii")
@@ -187,37 +185,6 @@ def rate_publisher(addr: tuple[str, int], topic: str, size: int, rate: int, runf
         count += batch
     out.put(count)
     sock.close()
-
-
-class Meter:
-    """Server CPU and RSS around one phase: the supervisor and all its shard processes."""
-
-    def __init__(self, pid: int) -> None:
-        self.proc = psutil.Process(pid)
-        self.peak_rss = 0
-
-    def _tree(self) -> list[psutil.Process]:
-        return [self.proc, *self.proc.children(recursive=True)]
-
-    def cpu(self) -> float:
-        total = 0.0
-        for p in self._tree():
-            try:
-                t = p.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += t.user + t.system
-        return total
-
-    def rss(self) -> int:
-        rss = 0
-        for p in self._tree():
-            try:
-                rss += int(p.memory_info().rss)
-            except psutil.NoSuchProcess:
-                continue
-        self.peak_rss = max(self.peak_rss, rss)
-        return rss
 
 
 def run_phase(name: str, procs: list[mp.Process], q: mp.Queue, meter: Meter,  # type: ignore[type-arg]
