@@ -1,8 +1,8 @@
 """TCP benchmark in the shape of NSQ's bench.sh: publish for a while, then consume.
 
-Starts its own node (``--mem-queue-size=1000000`` and one shard per CPU unless told otherwise:
-``--shards``) and runs
-the load from separate processes with pre-encoded frames, so the figures measure the server:
+Starts its own node (``--mem-queue-size=1000000`` and, unless ``--shards`` says otherwise, one
+shard per CPU) and runs the load from separate processes with pre-encoded frames, so the
+figures measure the server (``--phases`` picks which of these run):
 
   pub     MPUB batches (default 200 x 200 B), one outstanding MPUB per connection
   pub1    PUB one message per round trip
