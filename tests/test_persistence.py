@@ -156,7 +156,7 @@ def test_many_creates_pauses_and_deletes_reach_nsqd_dat_and_survive_kill_9(
     with httpx.Client(base_url=nsqd.http_url, timeout=scaled(10)) as http:
         def call(path: str, body: bytes = b"") -> None:
             assert http.post(path, content=body).status_code == 200, path
-        for i in range(120):
+        for i in range(80):
             t = f"t{i:03d}"
             call(f"/mpub?topic={t}", b"a\nb") if i % 2 else call(f"/topic/create?topic={t}")
             call(f"/channel/create?topic={t}&channel=a")
