@@ -27,7 +27,9 @@ request order, pipelined or not):
   (``None`` past it), then ``publisher.publish_steps`` checks it in nsqd's order and yields
   the broker calls; a call that raises one of ``publisher.busy`` (the owner shard's inbound
   ring is full) stops the queue, stops reading, and is retried every ``BUSY_RETRY``
-  seconds — never lost, never reordered. ``Content-Length`` over the limit with
+  seconds — never lost, never reordered. A call that returns a ``Later`` (a plain ``/pub``
+  joins the loop turn's batch) stops the queue until the ``Later`` finishes, at the end of
+  the same turn, with the answer; reading goes on meanwhile. ``Content-Length`` over the limit with
   ``Expect: 100-continue`` is refused at once (413, connection closed: the client never
   sent the body); otherwise ``100 Continue`` is sent.
 - anything else: the ASGI app runs in a task (registered in ``server_state.tasks``, so a
@@ -72,7 +74,7 @@ BUSY_RETRY = 0.001  # seconds between tries of a publish step that found no room
 FEED_STEP = 65536  # bytes handed to the parser at once while a head is incomplete
 LINGER = 0.5  # seconds a refused connection is read (and discarded) before it closes: Go's
 DEFAULT_MAX_BODY = 1 << 20  # body bytes buffered for the app without a publisher
-Step = tuple[Callable[..., None], tuple[Any, ...]]  # a call that may raise one of ``busy``
+Step = tuple[Callable[..., Any], tuple[Any, ...]]  # a call: None, or a ``Later``; may raise one of ``busy``
 
 _PUBLISH_PATHS = (b"/pub", b"/mpub")
 _NSQ = b"x-nsq-content-type: nsq; version=1.0\r\n"
@@ -96,6 +98,26 @@ class Publisher(Protocol):
     def check_length(self, path: str, content_length: int) -> None: ...
 
     def publish_steps(self, path: str, query: bytes, body: bytes | None) -> Any: ...
+
+
+class Later:
+    """What a publish step returns when its outcome comes later (``shard/pubgroup.py``: a
+    batch published at the end of the loop turn): ``add`` a callback, called with ``None``
+    (stored) or the ``HTTPError`` by ``finish``."""
+
+    __slots__ = ("waiters",)
+
+    def __init__(self) -> None:
+        self.waiters: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+
+    def add(self, callback: Callable[..., None], *args: Any) -> None:
+        """``callback(*args, error)`` once finished."""
+        self.waiters.append((callback, args))
+
+    def finish(self, error: HTTPError | None) -> None:
+        for callback, args in self.waiters:
+            callback(*args, error)
+        self.waiters.clear()
 
 
 class _Request:
@@ -166,7 +188,8 @@ class HTTPConnection(asyncio.Protocol):
         self.scheme = "http"
         self.client: Any = None
         self.server: Any = None
-        self.busy = False  # a request of the queue waits (a task, or a full ring)
+        self.busy = False  # a request of the queue waits (a task, a full ring, a ``Later``)
+        self.joined = False  # waiting on a ``Later``: answered this loop turn, reading goes on
         self.closing = False
         self.read_paused = False
         self.write_paused = False
@@ -375,7 +398,7 @@ class HTTPConnection(asyncio.Protocol):
             return
         if self.closing and not self.busy and not self.queue and self.current is None:
             transport.close()  # a graceful stop: everything received was answered
-        elif self.queue or self.busy:
+        elif self.queue or (self.busy and not self.joined):
             self._pause_reading()
         elif not self.write_paused:
             self._resume_reading()
@@ -398,17 +421,31 @@ class HTTPConnection(asyncio.Protocol):
                     if pending is None:
                         break
                 action, args = pending
-                action(*args)
+                later = action(*args)
                 pending = None
+                if later is not None:  # answered when ``later`` finishes
+                    self.busy = self.joined = True
+                    later.add(self._joined, req, steps)
+                    return
         except publisher.busy:
             self.busy = True
             self._pause_reading()
             asyncio.get_running_loop().call_later(BUSY_RETRY, self._retry, req, (pending, steps))
             return
         except HTTPError as exc:
-            self._write(exc.status, _JSON, orjson.dumps({"message": exc.message}), close=not req.keep_alive)
+            self._write_error(exc, req)
             return
         self._write_ok(close=not req.keep_alive)
+
+    def _joined(self, req: _Request, steps: Any, error: HTTPError | None) -> None:
+        self.busy = self.joined = False
+        if self.transport is None or self.transport.is_closing():
+            return
+        if error is not None:
+            self._write_error(error, req)
+        else:
+            self._publish(req, (None, steps))
+        self._serve()
 
     def _retry(self, req: _Request, state: Any) -> None:
         self.busy = False
@@ -484,6 +521,9 @@ class HTTPConnection(asyncio.Protocol):
         self.transport.write(b"".join(parts))
         if close:
             self.transport.close()
+
+    def _write_error(self, error: HTTPError, req: _Request) -> None:
+        self._write(error.status, _JSON, orjson.dumps({"message": error.message}), close=not req.keep_alive)
 
     def _write_ok(self, close: bool) -> None:
         assert self.transport is not None

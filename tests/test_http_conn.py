@@ -1,15 +1,18 @@
 """The HTTP connection protocol (``httpconn.py``) of an nsqd shard on the wire, over raw sockets:
-pipelining, keep-alive and ``Connection: close``, ``Expect: 100-continue``, bad requests."""
+pipelining, keep-alive and ``Connection: close``, ``Expect: 100-continue``, bad requests, the
+``/pub`` requests of one loop turn stored as one batch."""
 
 from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
-from tests.support.harness import Daemon, scaled
+from tests.support.harness import Daemon, scaled, wait_for
 
 
 @pytest.fixture
@@ -119,3 +122,36 @@ def test_head_has_no_body(nsqd: Daemon, conn: socket.socket) -> None:
     head, _, r.buf = r.buf.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK")
     assert r.answer()[::2] == (200, b"OK")  # the HEAD answer had no body before this one
+
+
+def test_pubs_read_in_one_loop_turn_are_stored_as_one_batch(nsqd_factory: Callable[..., Daemon]) -> None:
+    """Keep-alive ``/pub`` connections, one request in flight each: the requests a shard
+    reads in one loop turn are stored as one batch per topic (the node's counters), each
+    answered ``OK`` once stored, every message once."""
+    nsqd = nsqd_factory("--shards=2")
+    socks = [socket.create_connection(nsqd.http, timeout=scaled(10)) for _ in range(16)]
+    readers = [Reader(sock) for sock in socks]
+    sent = 0
+
+    def stats() -> Any:
+        with urllib.request.urlopen(nsqd.http_url + "/stats?format=json&topic=grouped&include_shards=true",
+                                    timeout=scaled(10)) as resp:
+            return json.load(resp)
+
+    def a_round_was_grouped() -> bool:
+        nonlocal sent
+        for sock in socks:
+            sock.sendall(pub("grouped", b"%d" % sent))
+            sent += 1
+        for r in readers:
+            assert r.answer()[::2] == (200, b"OK")
+        sup = stats()["supervisor"]
+        return bool(sup["http_pub_batches"] < sup["http_pubs"])
+
+    try:
+        wait_for(a_round_was_grouped, 30, interval=0, what="two /pub requests in one batch")
+        doc = stats()
+        assert doc["supervisor"]["http_pubs"] == sent == doc["topics"][0]["message_count"]
+    finally:
+        for sock in socks:
+            sock.close()

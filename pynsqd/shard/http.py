@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from pynsqd import NSQ_VERSION, logs
-from pynsqd.httpconn import BUSY_RETRY, Step
+from pynsqd.httpconn import BUSY_RETRY, Later, Step
 from pynsqd.httpkit import (
     JSON_TYPE,
     NSQ_HEADER,
@@ -42,6 +42,7 @@ from pynsqd.options import config_value
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
+from pynsqd.shard.pubgroup import PublishGroup
 from pynsqd.shard.stats import format_text, node_stats, stats_request
 from pynsqd.wire.commands import parse_mpub_body
 from pynsqd.wire.errors import ProtocolError
@@ -70,6 +71,7 @@ class NsqdHTTP:
         self.tls_required_port = 0  # with --tls-required=true: plain HTTP gets 403 naming this port
         self.busy: tuple[type[Exception], ...] = (Backpressure,)  # a publish step to retry later
         self._queries: dict[bytes, tuple[dict[str, list[str]], str]] = {}
+        self.group = PublishGroup(broker, opts.max_body_size)  # plain /pub, a batch per topic and loop turn
         self.router: Router[Handler] = Router([
             ("GET", "/ping", self.ping),
             ("GET", "/info", self.info_route),
@@ -151,8 +153,10 @@ class NsqdHTTP:
     def publish_steps(self, path: str, query: bytes, body: bytes | None) -> Iterator[Step]:
         """``POST /pub`` or ``/mpub`` once its body was read (``None``: it passed the limit):
         nsqd's checks in nsqd's order (``HTTPError``), yielding the broker calls to make, each
-        to be retried by the caller while it raises ``Backpressure``. Transport-free: the
-        ASGI path above and the connection protocol (``httpconn.py``) both drive it."""
+        to be retried by the caller while it raises ``Backpressure``; a plain ``/pub`` joins
+        the loop turn's batch (``pubgroup.py``) and its call returns the ``Later`` to wait
+        for. Transport-free: the ASGI path above and the connection protocol
+        (``httpconn.py``) both drive it."""
         if path == "/pub":
             if body is None:
                 raise HTTPError(413, "MSG_TOO_BIG")
@@ -170,7 +174,7 @@ class NsqdHTTP:
             if delay:
                 yield self._publish, (self.broker.publish_deferred, topic, body, delay)
             else:
-                yield self._publish, (self.broker.publish, topic, [body])
+                yield self.group.join, (topic, body)
             return
         opts = self.opts
         params, topic = self._topic_from_query(query)
@@ -362,14 +366,21 @@ class NsqdHTTP:
             raise HTTPError(400, "INVALID_OPTION")
 
 
-async def _until_room(action: Callable[..., None], *args: Any) -> None:
-    """Run a publish; while the owner shard's inbound ring is full, wait and retry."""
+async def _until_room(action: Callable[..., Later | None], *args: Any) -> None:
+    """Run a publish step; while the owner shard's inbound ring is full, wait and retry; a
+    step answered ``Later`` is waited for."""
     while True:
         try:
-            action(*args)
-            return
+            later = action(*args)
+            break
         except Backpressure:
             await asyncio.sleep(BUSY_RETRY)
+    if later is not None:
+        done: asyncio.Future[HTTPError | None] = asyncio.get_running_loop().create_future()
+        later.add(done.set_result)
+        error = await done
+        if error is not None:
+            raise error
 
 
 def _content_length(scope: dict[str, Any]) -> int:
