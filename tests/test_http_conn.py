@@ -155,3 +155,42 @@ def test_pubs_read_in_one_loop_turn_are_stored_as_one_batch(nsqd_factory: Callab
     finally:
         for sock in socks:
             sock.close()
+
+
+PUBLISHES = [  # (request line target, body, status, answer body)
+    (b"/pub?topic=plain", b"x", 200, b"OK"),
+    (b"/pub?topic=plain&defer=10", b"x", 200, b"OK"),
+    (b"/mpub?topic=plain", b"a\nb\n", 200, b"OK"),
+    (b"/mpub?topic=plain&binary=true", b"\x00\x00\x00\x01\x00\x00\x00\x01z", 200, b"OK"),
+    (b"/mpub?topic=plain&binary=true", b"\x00\x00\x00\x02\x00\x00\x00\x01z", 413, b'{"message":"BAD_MESSAGE"}'),
+    (b"/pub", b"x", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
+    (b"/pub?topic=bad!", b"x", 400, b'{"message":"INVALID_TOPIC"}'),
+    (b"/pub?topic=plain", b"", 400, b'{"message":"MSG_EMPTY"}'),
+    (b"/pub?topic=plain&defer=x", b"x", 400, b'{"message":"INVALID_DEFER"}'),
+    (b"/pub?topic=plain&a=%zz", b"x", 400, b'{"message":"INVALID_REQUEST"}'),
+]
+
+
+@pytest.mark.parametrize(("target", "body", "status", "answer"), PUBLISHES)
+def test_a_plain_publish_is_answered_as_the_parsed_one(nsqd: Daemon, target: bytes, body: bytes, status: int,
+                                                        answer: bytes) -> None:
+    """A read holding exactly one plain publish skips the parser; with ``Connection:
+    keep-alive`` (or pipelined behind another) the same request is parsed. Both get nsqd's
+    answer, byte for byte but the date."""
+    plain = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (target, len(body), body)
+    parsed = b"POST %s HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nContent-Length: %d\r\n\r\n%s" % (
+        target, len(body), body)
+    answers = []
+    for request in (plain, parsed, plain + plain):
+        with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
+            r = Reader(sock)
+            sock.sendall(request)
+            for _ in range(request.count(b"POST ")):
+                got_status, headers, got = r.answer()
+                headers.pop(b"date")
+                answers.append((got_status, headers, got))
+    assert answers[0][::2] == (status, answer)
+    assert answers[0][1] == {b"content-type": b"text/plain; charset=utf-8" if status == 200
+                             else b"application/json; charset=utf-8",
+                             b"content-length": b"%d" % len(answer), b"x-nsq-content-type": b"nsq; version=1.0"}
+    assert answers == [answers[0]] * 4
