@@ -84,11 +84,10 @@ _PUBLISH_PATHS = (b"/pub", b"/mpub")
 # A plain publish, as HTTP clients and load generators send it, served without the parser:
 # an HTTP/1.1 POST to /pub or /mpub whose URL holds only RFC 3986 characters, up to 32
 # header fields of token names and printable values, exactly one Content-Length, and
-# nothing that changes how the message is framed or answered (Connection, Expect,
-# Transfer-Encoding, Upgrade: looked for anywhere in the fields, values too, as a false
-# match only means the parser is used).
+# no field that changes how the message is framed or answered (``_NOT_PLAIN``).
 _PLAIN_HEAD = re.compile(rb"POST ((?:/pub|/mpub)(?:\?[-A-Za-z0-9._~!$&'()*+,;=:@/?%]*)?) HTTP/1\.1\r\n"
                          rb"((?:[-!#$%&'*+.^_`|~0-9A-Za-z]+:[\t -~]*\r\n){0,32})\r\n")
+_NOT_PLAIN = re.compile(rb"\n(?:connection|expect|transfer-encoding|upgrade):")  # in "\n" + the lowered fields
 _NSQ = b"x-nsq-content-type: nsq; version=1.0\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _BAD_REQUEST = b"Invalid HTTP request received."
@@ -254,8 +253,7 @@ class HTTPConnection(asyncio.Protocol):
             return False
         fields = b"\n" + head.group(2).lower()
         at = fields.find(b"\ncontent-length:") + 16
-        if (at == 15 or fields.count(b"content-length") != 1 or b"connection" in fields or b"expect" in fields
-                or b"transfer-encoding" in fields or b"upgrade" in fields):
+        if at == 15 or fields.count(b"content-length") != 1 or _NOT_PLAIN.search(fields):
             return False
         length = fields[at:fields.index(b"\r", at)].strip(b" \t")
         publisher = self.publisher
@@ -448,14 +446,15 @@ class HTTPConnection(asyncio.Protocol):
 
     def _publish(self, req: _Request, steps: Any) -> None:
         """Run ``req``'s publish steps; on ``Backpressure`` retry later (the queue waits)."""
-        path = req.url.partition(b"?")[0].decode()
         pending: Step | None = None
         publisher = self.publisher
         assert publisher is not None
         try:
             if steps is None:
+                raw_path, _, query = req.url.partition(b"?")
+                path = raw_path.decode()
                 publisher.check_length(path, req.content_length)
-                steps = publisher.publish_steps(path, req.url.partition(b"?")[2], req.body)
+                steps = publisher.publish_steps(path, query, req.body)
             else:
                 pending, steps = steps
             while True:
