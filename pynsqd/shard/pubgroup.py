@@ -13,6 +13,13 @@ and only then finishes the ``Later`` — each waiting connection writes its ``OK
 error for all of them (``503 EXITING``: the broker is stopping or its storage failed). An
 ``OK`` is still written only once its message is stored.
 
+Deferring costs a request that comes alone (one publisher waiting for each ``OK``) more
+than it saves: a second pass over it, and a loop turn when nothing else scheduled one. So
+after a turn whose batches held one body in all, the group publishes at once — ``join``
+returns ``None`` once the body is stored — except every ``PROBE_EVERY``-th request, which
+opens a batch again; a batch is joined by whatever comes in its turn, and as soon as one
+holds more than one body the group batches every request again.
+
 A batch whose owner's inbound ring is full (``Backpressure``) is published again every
 ``BUSY_RETRY`` with the same body list (so a batch stored in part resumes after what went
 in, never twice), its connections waiting; later joins go to a new batch. A batch stops
@@ -30,6 +37,8 @@ from pynsqd.httpkit import HTTPError
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 
 log = logging.getLogger("pynsqd.shard")
+
+PROBE_EVERY = 16  # while requests come alone, one in this many opens a batch to notice company
 
 
 class _Batch(Later):
@@ -53,10 +62,19 @@ class PublishGroup:
         self._open: dict[str, _Batch] = {}
         self._sealed: list[_Batch] = []  # batches of this turn that reached ``limit``
         self._flush_handle: asyncio.Handle | None = None
+        self.alone = False  # the last turn's batches held one body in all: publish at once
+        self._unprobed = 0  # requests published at once since the last batch
 
-    def join(self, topic: str, body: bytes) -> Later:
+    def join(self, topic: str, body: bytes) -> Later | None:
         """Add ``body`` to this turn's batch for ``topic``; the ``Later`` finishes once the
-        batch is stored (``None``) or refused (the ``HTTPError``)."""
+        batch is stored (``None``) or refused (the ``HTTPError``). While requests come
+        alone, store it now instead (``None``; ``HTTPError``, or ``Backpressure`` to retry)."""
+        if self.alone and self._flush_handle is None:
+            self._unprobed += 1
+            if self._unprobed < PROBE_EVERY:
+                self._publish_now(topic, body)
+                return None
+            self._unprobed = 0
         batch = self._open.get(topic)
         if batch is None or (batch.bodies and batch.size + len(body) > self.limit):
             if batch is not None:
@@ -68,11 +86,21 @@ class PublishGroup:
         batch.size += len(body)
         return batch
 
+    def _publish_now(self, topic: str, body: bytes) -> None:
+        try:
+            self.broker.publish(topic, [body])
+        except BrokerError as exc:
+            log.error("HTTP publish to %s failed - %s", topic, exc)
+            raise HTTPError(503, "EXITING") from None
+        self.published += 1
+        self.batches += 1
+
     def _flush(self) -> None:
         self._flush_handle = None
         batches = [*self._sealed, *self._open.values()]
         self._sealed.clear()
         self._open.clear()
+        self.alone = len(batches) == 1 and len(batches[0].bodies) == 1
         for batch in batches:
             self._publish(batch)
 

@@ -1,7 +1,8 @@
 """``PublishGroup`` on a real ``Broker`` with shared-memory queues: the ``/pub`` bodies joined
 in one loop turn are stored as one batch per topic, at the end of the turn and before any
 waiter hears ``OK``; a batch stops at its byte limit; a broker that is exiting fails the
-whole batch with nsqd's ``503 EXITING``."""
+whole batch with nsqd's ``503 EXITING``; requests that come alone are stored at once, with
+a batch now and then to notice company."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pynsqd.node.config import NsqdOptions
 from pynsqd.node.datapath import make_backend
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.node import queue_factory
-from pynsqd.shard.pubgroup import PublishGroup
+from pynsqd.shard.pubgroup import PROBE_EVERY, PublishGroup
 from pynsqd.shm.segment import list_segments, unlink_segment
 from tests.conftest import run_async
 
@@ -79,3 +80,23 @@ def test_an_exiting_broker_fails_the_whole_batch(broker: Broker) -> None:
     run_async(one_turn())
     assert [(e.status, e.message) for e in errors if e is not None] == [(503, "EXITING")] * 2
     assert (group.published, group.batches) == (0, 0)
+
+
+def test_requests_that_come_alone_are_stored_at_once_and_a_probe_notices_company(broker: Broker) -> None:
+    group = PublishGroup(broker, limit=1000)
+
+    async def turns() -> None:
+        assert group.join("t", b"first") is not None
+        await asyncio.sleep(0)  # a turn with one body: the next ones do not wait
+        for i in range(PROBE_EVERY - 1):
+            assert group.join("t", b"%d" % i) is None
+            assert broker.topics["t"].message_count == i + 2  # stored before join returned
+        probe = group.join("t", b"probe")
+        assert probe is not None and group.join("t", b"company") is probe  # its turn joins it
+        await asyncio.sleep(0)
+        assert group.join("t", b"batched again") is not None
+        await asyncio.sleep(0)
+
+    run_async(turns())
+    assert broker.topics["t"].message_count == PROBE_EVERY + 3
+    assert (group.published, group.batches) == (PROBE_EVERY + 3, PROBE_EVERY + 2)
