@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_tcp import Meter, _connect, _read_response, consumer, create_channels  # noqa: E402
-from bench.common import Figures, gather_results, report, running_node  # noqa: E402
+from bench.bench_tcp import _connect, _read_response, consumer, create_channels  # noqa: E402
+from bench.common import Figures, Meter, gather_results, report, running_node  # noqa: E402
 from pynsqd.wire.commands import encode_mpub  # noqa: E402
 
 

@@ -35,16 +35,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import wrk  # noqa: E402
-from bench.bench_tcp import Meter  # noqa: E402
-from bench.common import Figures, report, running_node  # noqa: E402
+from bench.common import Figures, Meter, report, running_node  # noqa: E402
 
 
-def load(port: int, request: bytes, conns: int, runfor: float, start: float) -> tuple[int, list[float]]:
+def load(port: int, request: bytes, conns: int, runfor: float, start: float,
+         sample_every: int = 16) -> tuple[int, list[float]]:
     """Drive ``conns`` keep-alive connections until ``runfor`` seconds after ``start``: each sends
     the pre-encoded ``request`` again as soon as its previous answer is complete (one
     outstanding per connection). Plain non-blocking sockets under one ``epoll``: the load
     generator should cost as little CPU per request as Python allows, so that the cores go to
-    the server. Returns (answers, a sample of latencies)."""
+    the server. Returns (answers, the latency of every ``sample_every``-th answer)."""
     socks = {}
     for _ in range(conns):
         s = socket.create_connection(("127.0.0.1", port))
@@ -76,13 +76,13 @@ def load(port: int, request: bytes, conns: int, runfor: float, start: float) -> 
                     break
                 if not data.startswith(b"HTTP/1.1 200 "):
                     raise SystemExit(f"unexpected response: {data[:80]!r}")
-                at = data.find(b"content-length: ", 0, head_end) + 16
+                at = data.find(b"ength: ", 0, head_end) + 7  # Content-Length or content-length
                 total = head_end + 4 + int(data[at:data.find(b"\r\n", at)])
                 if len(data) < total:
                     break
                 data = data[total:]
                 count += 1
-                if count % 16 == 0:
+                if count % sample_every == 0:
                     latencies.append(time.perf_counter() - sent_at[fd])
                 if time.monotonic() < end:
                     sent_at[fd] = time.perf_counter()
@@ -96,9 +96,10 @@ def load(port: int, request: bytes, conns: int, runfor: float, start: float) -> 
     return count, latencies
 
 
-def worker(port: int, request: bytes, conns: int, runfor: float, start: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def worker(port: int, request: bytes, conns: int, runfor: float, start: float, out: mp.Queue,  # type: ignore[type-arg]
+           sample_every: int = 16) -> None:
     cpu0 = time.process_time()
-    count, latencies = load(port, request, conns, runfor, start)
+    count, latencies = load(port, request, conns, runfor, start, sample_every)
     out.put((count, latencies, time.process_time() - cpu0))
 
 

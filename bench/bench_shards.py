@@ -17,8 +17,8 @@ Server CPU is the supervisor plus every shard process (psutil, children included
 is msgs/s, MB/s, server CPU µs per message (and, for sub, the load processes' own CPU µs per
 message: when server plus client CPU fill both cores, the client is part of the limit);
 ``--repeat 3`` prints medians. ``--phases pub,sub`` skips the local/cross phases;
-``--profile DIR`` records each shard process with py-spy during the sub phase (py-spy must be
-installed: ``.venv/bin/pip install py-spy``; a dev tool, not a dependency).
+``--profile DIR`` records each shard process with py-spy during the sub phase (py-spy is in
+the ``dev`` extra, a tool, not a dependency).
 
   .venv/bin/python bench/bench_shards.py --runfor 8 --repeat 3
 """
@@ -40,8 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_tcp import Meter, _connect, _read_response, create_channels, fin_frames  # noqa: E402
-from bench.common import Figures, add_load_args, report, running_node  # noqa: E402
+from bench.bench_tcp import _connect, _read_response, create_channels, fin_frames  # noqa: E402
+from bench.common import Figures, Meter, add_load_args, report, running_node  # noqa: E402
 from pynsqd.wire.commands import encode_mpub, encode_rdy, encode_sub  # noqa: E402
 
 TOPICS = [f"many{i:02d}" for i in range(32)]
@@ -82,13 +82,13 @@ def consumers(addr: tuple[str, int], topics: list[str], runfor: float, total: in
         sock.sendall(encode_rdy(2500))
     count = 0
     end = time.monotonic() + runfor
-    first = 0.0
-    last = time.time() + 2.0  # stop 2 s after the backlog ran dry (the rate excludes that)
-    while time.monotonic() < end and count < total and time.time() - last < 2.0:
+    first = last = 0.0
+    # stop 2 s after the backlog ran dry (the rate, first to last message, excludes that)
+    while time.monotonic() < end and count < total and (not last or time.time() - last < 2.0):
         events = sel.select(0.1)
         if events:
-            last = max(last, time.time())
-            first = first or time.time()
+            last = time.time()
+            first = first or last
         for key, _ in events:
             sock = key.fileobj
             assert isinstance(sock, socket.socket)

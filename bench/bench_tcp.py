@@ -1,7 +1,8 @@
 """TCP benchmark in the shape of NSQ's bench.sh: publish for a while, then consume.
 
-Starts its own node (one shard, ``--mem-queue-size=1000000`` unless told otherwise) and runs
-the load from separate processes with pre-encoded frames, so the figures measure the server:
+Starts its own node (``--mem-queue-size=1000000`` and, unless ``--shards`` says otherwise, one
+shard per CPU) and runs the load from separate processes with pre-encoded frames, so the
+figures measure the server (``--phases`` picks which of these run):
 
   pub     MPUB batches (default 200 x 200 B), one outstanding MPUB per connection
   pub1    PUB one message per round trip
@@ -27,12 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figures, add_load_args, report, running_node  # noqa: E402
+from bench.common import Figures, Meter, add_load_args, report, running_node  # noqa: E402
 from pynsqd.wire.commands import encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub  # noqa: E402
 
 _HDR = struct.Struct(">ii")
@@ -188,37 +187,6 @@ def rate_publisher(addr: tuple[str, int], topic: str, size: int, rate: int, runf
     sock.close()
 
 
-class Meter:
-    """Server CPU and RSS around one phase: the supervisor and all its shard processes."""
-
-    def __init__(self, pid: int) -> None:
-        self.proc = psutil.Process(pid)
-        self.peak_rss = 0
-
-    def _tree(self) -> list[psutil.Process]:
-        return [self.proc, *self.proc.children(recursive=True)]
-
-    def cpu(self) -> float:
-        total = 0.0
-        for p in self._tree():
-            try:
-                t = p.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += t.user + t.system
-        return total
-
-    def rss(self) -> int:
-        rss = 0
-        for p in self._tree():
-            try:
-                rss += int(p.memory_info().rss)
-            except psutil.NoSuchProcess:
-                continue
-        self.peak_rss = max(self.peak_rss, rss)
-        return rss
-
-
 def run_phase(name: str, procs: list[mp.Process], q: mp.Queue, meter: Meter,  # type: ignore[type-arg]
               size: int) -> dict[str, float]:
     cpu0 = meter.cpu()
@@ -256,6 +224,8 @@ def one_run(args: argparse.Namespace) -> Figures:
     ctx = mp.get_context("spawn")
     figures: dict[str, dict[str, float]] = {}
     flags = [f"--mem-queue-bytes={args.mem_queue_bytes}"] if args.mem_queue_bytes else []
+    if args.shards:
+        flags.append(f"--shards={args.shards}")
     with tempfile.TemporaryDirectory() as data, running_node(
             data, f"--mem-queue-size={args.mem_queue_size}", "--log-level=info", *flags) as node:
         proc, tcp_port, _ = node
@@ -265,25 +235,31 @@ def one_run(args: argparse.Namespace) -> Figures:
         figures["idle"] = {"rss_mb": meter.rss() / 2**20}
         create_channels(addr, ["bench"])  # one topic, one channel, as bench.sh means it
         q = ctx.Queue()
-        start = time.time() + 0.5
-        pubs = [ctx.Process(target=publisher, args=(addr, "bench", args.size, args.batch, args.runfor,
-                                                     start, q)) for _ in range(args.workers)]
-        figures["pub"] = run_phase("pub", pubs, q, meter, args.size)
-        start = time.time() + 0.5
-        pubs = [ctx.Process(target=publisher, args=(addr, "bench", args.size, 1, args.runfor, start, q))
-                for _ in range(2)]
-        figures["pub1"] = run_phase("pub1", pubs, q, meter, args.size)
-        total = int(figures["pub"]["msgs"] + figures["pub1"]["msgs"])
-        start = time.time() + 0.5
-        subs = [ctx.Process(target=consumer, args=(addr, "bench", "ch", 2500, args.runfor,
-                                                    total // args.workers + 1, start, q))
-                for _ in range(args.workers)]
-        figures["sub"] = run_phase("sub", subs, q, meter, args.size)
-        start = time.time() + 0.5
-        procs = [ctx.Process(target=rate_publisher, args=(addr, "lat", args.size, args.rate, 5, start, q)),
-                 ctx.Process(target=consumer, args=(addr, "lat", "ch", 2500, 6, 1 << 60, start, q))]
-        lat = run_phase("latency", procs, q, meter, args.size)
-        figures["latency"] = {k: v for k, v in lat.items() if k.startswith("p")}
+        total = 0
+        if "pub" in args.phases:
+            start = time.time() + 0.5
+            pubs = [ctx.Process(target=publisher, args=(addr, "bench", args.size, args.batch, args.runfor,
+                                                         start, q)) for _ in range(args.workers)]
+            figures["pub"] = run_phase("pub", pubs, q, meter, args.size)
+            total += int(figures["pub"]["msgs"])
+        if "pub1" in args.phases:
+            start = time.time() + 0.5
+            pubs = [ctx.Process(target=publisher, args=(addr, "bench", args.size, 1, args.runfor, start, q))
+                    for _ in range(2)]
+            figures["pub1"] = run_phase("pub1", pubs, q, meter, args.size)
+            total += int(figures["pub1"]["msgs"])
+        if "sub" in args.phases and total:
+            start = time.time() + 0.5
+            subs = [ctx.Process(target=consumer, args=(addr, "bench", "ch", 2500, args.runfor,
+                                                        total // args.workers + 1, start, q))
+                    for _ in range(args.workers)]
+            figures["sub"] = run_phase("sub", subs, q, meter, args.size)
+        if "latency" in args.phases:
+            start = time.time() + 0.5
+            procs = [ctx.Process(target=rate_publisher, args=(addr, "lat", args.size, args.rate, 5, start, q)),
+                     ctx.Process(target=consumer, args=(addr, "lat", "ch", 2500, 6, 1 << 60, start, q))]
+            lat = run_phase("latency", procs, q, meter, args.size)
+            figures["latency"] = {k: v for k, v in lat.items() if k.startswith("p")}
         figures["peak"] = {"rss_mb": meter.peak_rss / 2**20}
     return figures
 
@@ -295,6 +271,9 @@ def main() -> None:
     parser.add_argument("--mem-queue-bytes", type=int, default=0,
                         help="shared memory per queue (pynsqd flag; 0: the node's default, 32 MiB)")
     parser.add_argument("--rate", type=int, default=20_000, help="msgs/s during the latency phase")
+    parser.add_argument("--shards", type=int, default=0, help="shard processes (0: the node's default, one per CPU)")
+    parser.add_argument("--phases", type=lambda s: s.split(","), default=["pub", "pub1", "sub", "latency"],
+                        help="comma-separated phases to run (sub drains what the publish phases stored)")
     args = parser.parse_args()
     report(one_run, args, f"{args.size}-byte messages, MPUB batch {args.batch}")
 

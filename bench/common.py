@@ -1,6 +1,6 @@
-"""What every benchmark here shares: the node to measure (started on free ports, stopped and
-its shared memory released), a certificate for TLS runs, collecting load processes' results,
-and the median report."""
+"""What every benchmark here shares: the node to measure (started on free ports from a given
+tree or binary, stopped and its shared memory released), its CPU and RSS meter, a certificate
+for TLS runs, collecting load processes' results, and the median report."""
 
 from __future__ import annotations
 
@@ -18,18 +18,28 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 _LISTEN = re.compile(rb"(TCP|HTTP): listening on \S+:(\d+)")
 
 Figures = dict[str, dict[str, float]]
 
 
-def start_node(data: str, *flags: str) -> tuple[subprocess.Popen[bytes], int, int]:
-    """Start ``nsqd`` on free loopback ports; returns the process, its TCP and HTTP ports."""
+def start_node(data: str, *flags: str, tree: Path = ROOT,
+               command: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start ``nsqd`` on free loopback ports; returns the process, its TCP and HTTP ports.
+
+    The node is ``python -m pynsqd.supervisor`` of ``tree`` (this checkout unless told; the
+    same interpreter, ``PYTHONPATH=tree``), or ``command`` (e.g. another nsqd binary) run with
+    the same flags."""
+    env = None
+    if not command:
+        command = [sys.executable, "-m", "pynsqd.supervisor"]
+        env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pynsqd.supervisor", "--tcp-address=127.0.0.1:0",
-         "--http-address=127.0.0.1:0", f"--data-path={data}", *flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+        [*command, "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", f"--data-path={data}", *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tree if env else data, env=env)
     assert proc.stderr is not None
     ports: dict[bytes, int] = {}
     deadline = time.monotonic() + 30
@@ -47,17 +57,73 @@ def start_node(data: str, *flags: str) -> tuple[subprocess.Popen[bytes], int, in
     return proc, ports[b"TCP"], ports[b"HTTP"]
 
 
+def stop_node(proc: subprocess.Popen[bytes], data: str, timeout: float = 30) -> None:
+    """SIGTERM the node and wait; if it is not gone in ``timeout`` s, SIGKILL it and whatever
+    of its process tree is left (by pid); then unlink its shared memory."""
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+    for child in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    remove_segments(data)
+
+
 @contextlib.contextmanager
-def running_node(data: str, *flags: str,
-                 stop_timeout: float = 30) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
-    """``start_node`` for the block; then SIGTERM, wait, and unlink its shared memory."""
-    proc, tcp_port, http_port = start_node(data, *flags)
+def running_node(data: str, *flags: str, stop_timeout: float = 30, tree: Path = ROOT,
+                 command: Sequence[str] = ()) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
+    """``start_node`` for the block; then ``stop_node``."""
+    proc, tcp_port, http_port = start_node(data, *flags, tree=tree, command=command)
     try:
         yield proc, tcp_port, http_port
     finally:
-        proc.terminate()
-        proc.wait(stop_timeout)
-        remove_segments(data)
+        stop_node(proc, data, stop_timeout)
+
+
+class Meter:
+    """Server CPU and RSS: the process ``pid`` and all its descendants (the supervisor and
+    every shard process)."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.peak_rss = 0
+
+    def _tree(self) -> list[psutil.Process]:
+        return [self.proc, *self.proc.children(recursive=True)]
+
+    def pids(self) -> set[int]:
+        """The tree's processes now (if it changes during a measurement, a process that exited
+        took its CPU seconds with it)."""
+        return {p.pid for p in self._tree()}
+
+    def cpu(self) -> float:
+        """CPU seconds (user + system) the tree has used so far."""
+        total = 0.0
+        for p in self._tree():
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system
+        return total
+
+    def rss(self) -> int:
+        """The tree's resident memory now, in bytes (and the peak so far in ``peak_rss``)."""
+        rss = 0
+        for p in self._tree():
+            try:
+                rss += int(p.memory_info().rss)
+            except psutil.NoSuchProcess:
+                continue
+        self.peak_rss = max(self.peak_rss, rss)
+        return rss
 
 
 def write_certs(where: str, *hosts: str) -> dict[str, str]:

@@ -228,6 +228,45 @@ def test_metrics_parse_and_match_stats(nsqd: Daemon, http: httpx.Client) -> None
     assert any(name == "process_resident_memory_bytes" for name, _ in samples)
 
 
+def test_metrics_of_many_topics_over_both_shards_match_stats(nsqd_factory: Callable[..., Daemon]) -> None:
+    """Every topic and channel sample of /metrics is the /stats figure, for topics owned by
+    both shards (the scrape merges their documents), paused ones included."""
+    nsqd = nsqd_factory("--shards=2")
+    with httpx.Client(base_url=nsqd.http_url, timeout=scaled(10)) as http:
+        _many_topics_and_their_metrics(http)
+
+
+def _many_topics_and_their_metrics(http: httpx.Client) -> None:
+    for i in range(150):
+        topic = f"many-{i:03d}"
+        http.post(f"/mpub?topic={topic}", content=b"\n".join([b"m"] * (i % 7 + 1))).raise_for_status()
+        http.post(f"/channel/create?topic={topic}&channel=c{i % 3}").raise_for_status()
+        if i % 10 == 0:
+            http.post(f"/topic/pause?topic={topic}").raise_for_status()
+        if i % 15 == 0:
+            http.post(f"/channel/pause?topic={topic}&channel=c{i % 3}").raise_for_status()
+    text = http.get("/metrics").text
+    data = stats(http)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    expected: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for t in data["topics"]:
+        tl = (("topic", t["topic_name"]),)
+        for key, name in (("depth", "nsq_topic_depth"), ("message_count", "nsq_topic_messages_total"),
+                          ("message_bytes", "nsq_topic_message_bytes_total"), ("paused", "nsq_topic_paused")):
+            expected[(name, tl)] = float(t[key])
+        for c in t["channels"]:
+            cl = (("channel", c["channel_name"]), *tl)
+            for key, name in (("depth", "nsq_channel_depth"), ("message_count", "nsq_channel_messages_total"),
+                              ("in_flight_count", "nsq_channel_in_flight"), ("paused", "nsq_channel_paused")):
+                expected[(name, cl)] = float(c[key])
+    assert len(data["topics"]) == 150
+    assert sum(t["paused"] for t in data["topics"]) == 15
+    assert {k: samples.get(k) for k in expected} == expected
+    topic_samples = {k for k in samples if k[0].startswith(("nsq_topic_", "nsq_channel_"))}
+    assert len(topic_samples) == 150 * (5 + 9)  # no sample for a topic or channel /stats lacks
+
+
 # --- publishing ------------------------------------------------------------------------------
 
 def test_pub_and_its_errors(http: httpx.Client) -> None:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from pynsqd.wire.commands import encode_fin, encode_mpub, encode_pub, encode_req
-from tests.support.harness import Daemon
+from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 
@@ -144,6 +144,52 @@ def test_topics_channels_and_pauses_set_over_http_survive_restart(
     shape = [(t["topic_name"], t["paused"], [(c["channel_name"], c["paused"]) for c in t["channels"]])
              for t in topics]
     assert shape == [("a", False, [("x", False), ("y", True)]), ("b", True, [])]
+
+
+def test_many_creates_pauses_and_deletes_reach_nsqd_dat_and_survive_kill_9(
+        nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Topics and channels made, paused and deleted over HTTP on both shards (one connection:
+    half of the calls are proxied to the owner) reach ``nsqd.dat`` as each shard reports
+    only what changed; a kill -9 of the whole tree then loses none of it."""
+    nsqd = nsqd_factory("--shards=2", data_path=tmp_path)
+    expected: dict[str, tuple[bool, dict[str, bool]]] = {}
+    with httpx.Client(base_url=nsqd.http_url, timeout=scaled(10)) as http:
+        def call(path: str, body: bytes = b"") -> None:
+            assert http.post(path, content=body).status_code == 200, path
+        for i in range(80):
+            t = f"t{i:03d}"
+            call(f"/mpub?topic={t}", b"a\nb") if i % 2 else call(f"/topic/create?topic={t}")
+            call(f"/channel/create?topic={t}&channel=a")
+            call(f"/channel/create?topic={t}&channel=b")
+            call(f"/channel/create?topic={t}&channel=e%23ephemeral")
+            expected[t] = (False, {"a": False, "b": False})
+            if i % 7 == 0:
+                call(f"/topic/pause?topic={t}")
+                expected[t] = (True, expected[t][1])
+            if i % 5 == 0:
+                call(f"/channel/pause?topic={t}&channel=b")
+                expected[t][1]["b"] = True
+            if i % 3 == 0:
+                call(f"/channel/delete?topic={t}&channel=a")
+                del expected[t][1]["a"]
+            if i % 11 == 0:
+                call(f"/topic/delete?topic={t}")
+                del expected[t]
+            call(f"/topic/create?topic=eph{i}%23ephemeral")
+        for t in ("t003", "t010"):
+            call(f"/topic/unpause?topic={t}")
+            expected[t] = (False, expected[t][1])
+
+    def on_disk() -> dict[str, tuple[bool, dict[str, bool]]]:
+        data = json.loads((tmp_path / "nsqd.dat").read_text())
+        return {t["name"]: (t["paused"], {c["name"]: c["paused"] for c in t["channels"]}) for t in data["topics"]}
+    wait_for(lambda: on_disk() == expected, 10, interval=0.05, what="nsqd.dat to hold every change")
+    nsqd.kill()
+    again = nsqd_factory("--shards=2", data_path=tmp_path)
+    with httpx.Client(base_url=again.http_url, timeout=scaled(10)) as http:
+        topics = http.get("/stats", params={"format": "json"}).json()["topics"]
+    assert {t["topic_name"]: (t["paused"], {c["channel_name"]: c["paused"] for c in t["channels"]})
+            for t in topics} == expected
 
 
 @pytest.mark.parametrize("args,message", [

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from pynsqd.node import metadata
+from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.boot import BootConfig
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.control import CHUNK, ControlChannel, Received, channel_pair
@@ -40,9 +41,11 @@ from pynsqd.node.messages import (
     RunHTTP,
     ServeHTTP,
     SetConfig,
+    ShardDocuments,
     Snapshot,
     StatsDocument,
     StatsRequest,
+    Updated,
     decode_message,
 )
 from pynsqd.node.metadata import ChannelRecord, TopicRecord
@@ -55,7 +58,6 @@ from pynsqd.shm.ring import ByteRing
 from pynsqd.shm.segment import Segment, list_segments, segment_name, unlink_segment
 from pynsqd.shm.sizing import LogSizing
 from pynsqd.supervisor import leftover_rings
-from pynsqd.supervisor.aggregate import merge_stats
 from pynsqd.supervisor.handoff import Greeting
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import CommandParser, encode_command, encode_identify, encode_mpub, encode_pub
@@ -176,10 +178,12 @@ def test_control_channel_closes_descriptors_a_handler_does_not_take() -> None:
     RunHTTP("POST", "/topic/create", "topic=t", "https", b"body"), CreateChannels("t", ["a", "b"]),
     Quiesce(2.5), Exit(), Ready(42), Changed("created", "t", None), Changed("deleted", "t", "c"),
     Snapshot([TopicRecord("t", True, [ChannelRecord("c", False)])], final=True),
+    Updated([TopicRecord("t", False, [ChannelRecord("c", True)])], ["gone", "old"]),
     HandOff(1, ConnectionState(True, "h:1", None, {"t": 2}, {"version": "TLSv1.3"}, "snappy", {"secret": "s"}),
             b"PUB t\n"),
     Proxy(2, "GET", "/topic/pause", "topic=t"),
-    StatsRequest("t", "c", False, True, True), HealthRequest(), SetConfig("log_level", b"debug"),
+    StatsRequest("t", "c", False, True, True), StatsRequest(skip=1), HealthRequest(), SetConfig("log_level", b"debug"),
+    ShardDocuments(b'{"docs":[[1,{}]],"supervisor":null,"start_time":5}'),
     StatsDocument(b'{"topics":[]}'), Health("NOK - disk"), HTTPResponse(404, [["a", "b"]], b"x"),
     Failed("down"), Done(),
 ])

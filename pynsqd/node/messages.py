@@ -11,10 +11,11 @@ Supervisor → shard: ``Adopt`` (a TCP connection, with its state and unread byt
 ``ServeHTTP`` (HTTP/HTTPS connections), ``RunHTTP`` (an admin call proxied from another
 shard), ``CreateChannels``, ``Quiesce`` and ``Exit`` (the two shutdown phases).
 Shard → supervisor: ``Ready``, ``Snapshot`` (its topics, for ``nsqd.dat`` and lookupd),
+``Updated`` (the topics a loop turn changed),
 ``Changed`` (a topic or channel created or deleted), ``HandOff`` (a connection for another
 shard), ``Proxy`` (an admin call for another shard's topic).
 Both ways: ``StatsRequest``, ``HealthRequest``, ``SetConfig`` (``PUT /config`` node-wide).
-Replies: ``StatsDocument``, ``Health``, ``HTTPResponse``, ``Failed``, ``Done``.
+Replies: ``StatsDocument``, ``ShardDocuments``, ``Health``, ``HTTPResponse``, ``Failed``, ``Done``.
 """
 
 from __future__ import annotations
@@ -187,6 +188,25 @@ class Snapshot(Message):
 
 @message
 @dataclasses.dataclass(frozen=True)
+class Updated(Message):
+    """Topics of the shard that changed (created, paused, a channel created, paused or deleted)
+    as they now are, and the names of those deleted: a ``Snapshot`` of only what changed."""
+
+    op: ClassVar[str] = "updated"
+    topics: list[TopicRecord]
+    deleted: list[str]
+
+    def encode(self) -> tuple[dict[str, Any], bytes]:
+        return {"op": self.op, "topics": [t.to_json() for t in self.topics], "deleted": self.deleted}, b""
+
+    @classmethod
+    def from_wire(cls: type[M], fields: dict[str, Any], payload: bytes) -> M:
+        topics = [TopicRecord.from_json(t) for t in fields["topics"]]
+        return cls(topics=topics, deleted=[str(n) for n in fields["deleted"]])  # type: ignore[call-arg]
+
+
+@message
+@dataclasses.dataclass(frozen=True)
 class Changed(Message):
     """A topic (``channel`` None) or channel was ``created`` or ``deleted``."""
 
@@ -241,6 +261,7 @@ class StatsRequest(Message):
     include_clients: bool = True
     include_mem: bool = True
     include_shards: bool = False
+    skip: int = -1  # a shard asking for the node's stats makes its own document itself
 
 
 @message
@@ -267,6 +288,17 @@ class SetConfig(Message):
 class StatsDocument(Message):
     op: ClassVar[str] = "stats_document"
     doc: bytes  # JSON
+
+
+@message
+@dataclasses.dataclass(frozen=True)
+class ShardDocuments(Message):
+    """The supervisor's answer to a shard's ``StatsRequest``: the other shards' documents as
+    they sent them, joined without being parsed, for the asking shard to merge with its own:
+    ``{"docs": [...], "supervisor": {...} or null, "start_time": n}``."""
+
+    op: ClassVar[str] = "shard_documents"
+    docs: bytes  # JSON
 
 
 @message

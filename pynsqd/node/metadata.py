@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import orjson
@@ -50,15 +51,25 @@ class TopicRecord(NamedTuple):
         return [self.name, self.paused, [[c.name, c.paused] for c in self.channels]]
 
 
+def encode_topic(topic: TopicRecord) -> orjson.Fragment | None:
+    """One topic's entry of the file, encoded once (``None`` for an ephemeral topic), so a
+    node that changes one topic of thousands re-encodes only that one (``encode_pieces``)."""
+    name, paused, channels = topic
+    if is_ephemeral(name):
+        return None
+    return orjson.Fragment(orjson.dumps(
+        {"name": name, "paused": paused,
+         "channels": [{"name": c, "paused": p} for c, p in channels if not is_ephemeral(c)]}))
+
+
+def encode_pieces(pieces: Iterable[orjson.Fragment]) -> bytes:
+    """Topics encoded by ``encode_topic`` → the file's bytes."""
+    return orjson.dumps({"topics": list(pieces), "version": NSQ_VERSION})
+
+
 def encode(topics: list[TopicRecord]) -> bytes:
     """Topics → the file's bytes."""
-    out = []
-    for name, paused, channels in topics:
-        if is_ephemeral(name):
-            continue
-        out.append({"name": name, "paused": paused,
-                    "channels": [{"name": c, "paused": p} for c, p in channels if not is_ephemeral(c)]})
-    return orjson.dumps({"topics": out, "version": NSQ_VERSION})
+    return encode_pieces(p for p in map(encode_topic, topics) if p is not None)
 
 
 def decode(data: bytes) -> list[TopicRecord]:

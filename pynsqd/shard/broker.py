@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from pynsqd.node.config import NsqdOptions
@@ -364,10 +364,12 @@ class Broker:
         """Topics and their channels, for registering with nsqlookupd."""
         return [(t.name, list(t.channels)) for t in self.topics.values()]
 
-    def snapshot(self) -> list[TopicRecord]:
-        """Topics and channels with their paused flags, for ``nsqd.dat``."""
+    def snapshot(self, names: Iterable[str] | None = None) -> list[TopicRecord]:
+        """Topics (all, or those of ``names`` that exist) and their channels with their paused
+        flags, for ``nsqd.dat``."""
+        topics = self.topics.values() if names is None else filter(None, map(self.topics.get, names))
         return [TopicRecord(t.name, t.paused, [ChannelRecord(c.name, c.paused) for c in t.channels.values()])
-                for t in self.topics.values()]
+                for t in topics]
 
     def restore(self, topics: list[TopicRecord]) -> None:
         """Recreate topics and channels from ``nsqd.dat`` (no change notifications)."""

@@ -57,11 +57,11 @@ ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any]
 
 
 class NsqdHTTP:
-    """The HTTP API of one shard. ``persist`` writes ``nsqd.dat`` (pause/unpause);
+    """The HTTP API of one shard. ``persist(topic)`` writes the topic's paused flags to ``nsqd.dat``;
     ``set_lookupd_addresses`` applies ``PUT /config/nsqlookupd_tcp_addresses``."""
 
     def __init__(self, broker: Broker, opts: NsqdOptions, info: dict[str, Any],
-                 persist: Callable[[], None],
+                 persist: Callable[[str], None],
                  set_lookupd_addresses: Callable[[list[str]], None]) -> None:
         self.broker = broker
         self.opts = opts
@@ -250,7 +250,7 @@ class NsqdHTTP:
         return self._metrics_response()
 
     def _metrics_response(self) -> Response:
-        body = exposition(lambda: node_stats(self.broker, include_mem=False), self.opts.data_dir)
+        body = exposition(node_stats(self.broker, include_mem=False), self.opts.data_dir)
         return Response(body, media_type=PROMETHEUS_TYPE)
 
     # --- topics and channels --------------------------------------------------------------
@@ -311,7 +311,7 @@ class NsqdHTTP:
     async def topic_pause(self, request: Request) -> Response:
         topic = self._existing_topic(self._params(request), validate=False)
         topic.unpause() if request.url.path.endswith("unpause") else topic.pause()
-        self.persist()
+        self.persist(topic.name)
         return api_response()
 
     async def channel_create(self, request: Request) -> Response:
@@ -332,7 +332,7 @@ class NsqdHTTP:
     async def channel_pause(self, request: Request) -> Response:
         channel = self._existing_channel(request)
         channel.unpause() if request.url.path.endswith("unpause") else channel.pause()
-        self.persist()
+        self.persist(channel.topic_name)
         return api_response()
 
     # --- /config --------------------------------------------------------------------------

@@ -12,7 +12,7 @@ shared memory) — so an alert can fire before either is full.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # prometheus_client is imported when /metrics is first asked, not at boot
@@ -48,53 +48,72 @@ def _family(name: str, kind: str, doc: str, labels: list[str]) -> GaugeMetricFam
 
 
 class StatsCollector:
-    """A prometheus_client collector reading a fresh stats document on every scrape."""
+    """A prometheus_client collector of the node-wide figures of a stats document (health,
+    start time, the supervisor's counters); ``labelled_text`` writes the rest."""
 
-    def __init__(self, get_stats: Callable[[], dict[str, Any]]) -> None:
-        self.get_stats = get_stats
+    def __init__(self, stats: dict[str, Any]) -> None:
+        self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-        stats = self.get_stats()
+        from prometheus_client.core import GaugeMetricFamily
         health = GaugeMetricFamily("nsq_health", "1 when the node is healthy", labels=[])
-        health.add_metric([], 1.0 if stats["health"] == "OK" else 0.0)
+        health.add_metric([], 1.0 if self.stats["health"] == "OK" else 0.0)
         yield health
         start = GaugeMetricFamily("nsq_start_time_seconds", "Unix time the node started", labels=[])
-        start.add_metric([], float(stats["start_time"]))
+        start.add_metric([], float(self.stats["start_time"]))
         yield start
-        topics = {key: _family(name, kind, doc, ["topic"]) for key, name, kind, doc in _TOPIC}
-        channels = {key: _family(name, kind, doc, ["topic", "channel"]) for key, name, kind, doc in _CHANNEL}
-        producers = CounterMetricFamily("nsq_client_published_messages",
-                                        "Messages published by each TCP producer connection",
-                                        labels=["client", "topic"])
-        e2e_topic = GaugeMetricFamily("nsq_topic_e2e_processing_latency_seconds", "End-to-end processing "
-                                      "latency quantiles of the topic's channels (publish to FIN)",
-                                      labels=["topic", "quantile"])
-        e2e_channel = GaugeMetricFamily("nsq_channel_e2e_processing_latency_seconds", "End-to-end processing "
-                                        "latency quantiles (publish to FIN)", labels=["topic", "channel", "quantile"])
-        for t in stats["topics"]:
-            for key, family in topics.items():
-                family.add_metric([t["topic_name"]], float(t[key]))
-            _add_latency(e2e_topic, [t["topic_name"]], t["e2e_processing_latency"])
-            for c in t["channels"]:
-                for key, family in channels.items():
-                    family.add_metric([t["topic_name"], c["channel_name"]], float(c[key]))
-                _add_latency(e2e_channel, [t["topic_name"], c["channel_name"]], c["e2e_processing_latency"])
-        for p in stats.get("producers") or []:
-            for pc in p.get("pub_counts") or []:
-                producers.add_metric([p["remote_address"], pc["topic"]], float(pc["count"]))
-        yield from topics.values()
-        yield from channels.values()
-        yield producers
-        if e2e_topic.samples:
-            yield e2e_topic
-            yield e2e_channel
-        yield from _supervisor_families(stats.get("supervisor"))
+        yield from _supervisor_families(self.stats.get("supervisor"))
 
 
-def _add_latency(family: GaugeMetricFamily, labels: list[str], e2e: dict[str, Any]) -> None:
-    for p in e2e.get("percentiles") or []:
-        family.add_metric([*labels, repr(float(p["quantile"]))], float(p["value"]) / 1e9)
+def _escape(value: str) -> str:
+    """A label value as the text format quotes it."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def _head(name: str, kind: str, doc: str) -> tuple[str, str]:
+    """A family's exposed name (a counter's ends ``_total``) and its HELP and TYPE lines."""
+    exposed = f"{name}_total" if kind == "counter" else name
+    return exposed, f"# HELP {exposed} {doc}\n# TYPE {exposed} {kind}\n"
+
+
+def labelled_text(stats: dict[str, Any]) -> str:
+    """The families labelled by topic, channel or producer, in the text format
+    ``prometheus_client.generate_latest`` writes (labels sorted by name, values as Go
+    formats floats), written directly: a node with thousands of topics has tens of thousands
+    of these samples, and one ``prometheus_client`` sample object each made a scrape cost
+    tens of microseconds per sample."""
+    from prometheus_client.utils import floatToGoString as num
+
+    topics = [(t, f'topic="{_escape(t["topic_name"])}"') for t in stats.get("topics") or []]
+    channels = [(c, f'channel="{_escape(c["channel_name"])}"', tl) for t, tl in topics for c in t["channels"]]
+    out: list[str] = []
+    for key, name, kind, doc in _TOPIC:
+        exposed, head = _head(name, kind, doc)
+        out.append(head)
+        out.extend(f"{exposed}{{{tl}}} {num(t[key])}\n" for t, tl in topics)
+    for key, name, kind, doc in _CHANNEL:
+        exposed, head = _head(name, kind, doc)
+        out.append(head)
+        out.extend(f"{exposed}{{{cl},{tl}}} {num(c[key])}\n" for c, cl, tl in channels)
+    exposed, head = _head("nsq_client_published_messages", "counter",
+                          "Messages published by each TCP producer connection")
+    out.append(head)
+    out.extend(f'{exposed}{{client="{_escape(p["remote_address"])}",topic="{_escape(pc["topic"])}"}} '
+               f'{num(pc["count"])}\n'
+               for p in stats.get("producers") or [] for pc in p.get("pub_counts") or [])
+    topic_e2e = [(tl, p) for t, tl in topics for p in t["e2e_processing_latency"].get("percentiles") or []]
+    if topic_e2e:
+        exposed, head = _head("nsq_topic_e2e_processing_latency_seconds", "gauge", "End-to-end processing "
+                              "latency quantiles of the topic's channels (publish to FIN)")
+        out.append(head)
+        out.extend(f'{exposed}{{quantile="{float(p["quantile"])!r}",{tl}}} {num(p["value"] / 1e9)}\n'
+                   for tl, p in topic_e2e)
+        exposed, head = _head("nsq_channel_e2e_processing_latency_seconds", "gauge", "End-to-end processing "
+                              "latency quantiles (publish to FIN)")
+        out.append(head)
+        out.extend(f'{exposed}{{{cl},quantile="{float(p["quantile"])!r}",{tl}}} {num(p["value"] / 1e9)}\n'
+                   for c, cl, tl in channels for p in c["e2e_processing_latency"].get("percentiles") or [])
+    return "".join(out)
 
 
 _SUPERVISOR = [  # (key of the "supervisor" stats object, metric name, kind, help)
@@ -147,7 +166,7 @@ class StorageCollector:
         yield avail
 
 
-def exposition(get_stats: Callable[[], dict[str, Any]], data_path: str = "") -> bytes:
+def exposition(stats: dict[str, Any], data_path: str = "") -> bytes:
     """The text exposition of the stats, the storage of ``data_path`` and ``/dev/shm``, and
     this process's own metrics."""
     from prometheus_client import CollectorRegistry, generate_latest
@@ -155,7 +174,7 @@ def exposition(get_stats: Callable[[], dict[str, Any]], data_path: str = "") -> 
 
     from pynsqd.shm.segment import SHM_DIR
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatsCollector(get_stats))
+    registry.register(StatsCollector(stats))
     registry.register(StorageCollector({"data": data_path, "shm": SHM_DIR} if data_path else {"shm": SHM_DIR}))
     ProcessCollector(registry=registry)
-    return bytes(generate_latest(registry))
+    return bytes(generate_latest(registry)) + labelled_text(stats).encode()

@@ -12,9 +12,10 @@ Theory of operation
   every answer and error is exactly the single-node one. An owner that is down (killed,
   restarting) or silent for ``PROXY_WAIT`` seconds makes it nsqd's answer to an operation
   that failed inside: ``500 INTERNAL_ERROR`` (and an error in the log).
-- ``/stats``, ``/metrics``: the supervisor collects every shard's stats document and merges
-  them into one node (``supervisor/aggregate.py``); the formats (JSON, text, Prometheus)
-  are rendered from that one document by the same code a single shard uses.
+- ``/stats``, ``/metrics``: the supervisor collects every other shard's stats document and
+  passes them on unparsed while this shard makes its own; this shard merges them into one
+  node (``node/aggregate.py``); the formats (JSON, text, Prometheus) are rendered from that
+  one document by the same code a single shard uses.
 - ``PUT /config/…``: applied here, then by the supervisor on every other shard (node-wide).
 - ``/ping``: the node's health — this shard's if it is not OK, else the first shard's that
   is not (asked through the supervisor), so a failing disk on any shard shows on every ``/ping``.
@@ -23,6 +24,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
@@ -32,6 +34,7 @@ import orjson
 from starlette.responses import Response
 
 from pynsqd.httpkit import TEXT_TYPE, HTTPError, api_response, error_response, parse_query
+from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.control import PROXY_WAIT, ControlChannel
 from pynsqd.node.messages import (
     Failed,
@@ -41,7 +44,7 @@ from pynsqd.node.messages import (
     Proxy,
     RunHTTP,
     SetConfig,
-    StatsDocument,
+    ShardDocuments,
     StatsRequest,
 )
 from pynsqd.shard.http import NsqdHTTP
@@ -61,6 +64,8 @@ class Shard(Protocol):
     control: ControlChannel
 
     def owner(self, topic: str) -> int: ...
+
+    def stats_document(self, msg: StatsRequest) -> dict[str, Any]: ...
 
 
 async def run_local(app: NsqdHTTP, msg: RunHTTP, body: bytes) -> tuple[int, list[list[str]], bytes]:
@@ -191,20 +196,27 @@ class NodeHTTP:
         params = parse_query(scope.get("query_string", b""))
         fmt = (params.get("format") or [""])[0]
         prometheus = scope["path"] == "/metrics" or fmt == "prometheus"
-        request = StatsRequest(**stats_request(params))
+        request = StatsRequest(**stats_request(params), skip=self.shard.index)
         if prometheus:  # pynsqd's own figures are metrics too; Go's memory figures are not
             request = dataclasses.replace(request, include_mem=False, include_shards=True)
+        call = asyncio.ensure_future(self.shard.control.call(request, wait=PROXY_TIMEOUT))
+        await asyncio.sleep(0)  # the request is sent: the other shards make theirs while this one does
+        own = self.shard.stats_document(request)
         try:
-            reply = await self.shard.control.call(request, wait=PROXY_TIMEOUT)
+            reply = await call
         except (ConnectionError, TimeoutError) as exc:
             log.error("HTTP %s failed - the supervisor did not answer - %r", scope["path"], exc)
             raise HTTPError(500, "INTERNAL_ERROR") from None
-        if not isinstance(reply, StatsDocument):
+        if not isinstance(reply, ShardDocuments):
             log.error("HTTP %s failed - the supervisor answered %s", scope["path"], reply.op)
             raise HTTPError(500, "INTERNAL_ERROR")
-        doc = orjson.loads(reply.doc)
+        node = orjson.loads(reply.docs)
+        docs = {int(i): d for i, d in node["docs"]}
+        docs[self.shard.index] = own
+        doc = merge_stats([docs[i] for i in sorted(docs)], node["supervisor"], request.topic)
+        doc["start_time"] = node["start_time"]
         if prometheus:
-            return Response(exposition(lambda: doc, self.app.opts.data_dir), media_type=PROMETHEUS_TYPE)
+            return Response(exposition(doc, self.app.opts.data_dir), media_type=PROMETHEUS_TYPE)
         if fmt == "json":
             return api_response(doc)
         return api_response(format_text(doc, start_ns=self.app.broker.start_ns))

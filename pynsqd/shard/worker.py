@@ -75,6 +75,7 @@ from pynsqd.node.messages import (
     Snapshot,
     StatsDocument,
     StatsRequest,
+    Updated,
 )
 from pynsqd.node.placement import Placement
 from pynsqd.node.tls import build_server_context
@@ -136,7 +137,7 @@ class ShardWorker:
         self.relays = 0
         self._stop = asyncio.Event()
         self._exited = False
-        self._snapshot_pending = False
+        self._changed_topics: set[str] = set()  # to send to the supervisor this turn
         self._http_server: EmbeddedServer | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._https_server: EmbeddedServer | None = None
@@ -201,7 +202,9 @@ class ShardWorker:
             return
         handler(received.message, received)
 
-    def _stats(self, msg: StatsRequest, received: Received) -> None:
+    def stats_document(self, msg: StatsRequest) -> dict[str, Any]:
+        """This shard's part of the node's stats, its inbound rings drained first (a message
+        that got ``OK`` anywhere shows)."""
         self.inbound.drain(None)
         doc = node_stats(self.broker, msg.topic, msg.channel, msg.include_clients, msg.include_mem,
                          msg.include_shards, alone=False)
@@ -211,7 +214,10 @@ class ShardWorker:
                                  "cross_shard_framed": self.inbound.framed,
                                  "http_pubs": self.app.group.published,
                                  "http_pub_batches": self.app.group.batches}
-        self.control.reply(received, StatsDocument(orjson.dumps(doc)))
+        return doc
+
+    def _stats(self, msg: StatsRequest, received: Received) -> None:
+        self.control.reply(received, StatsDocument(orjson.dumps(self.stats_document(msg))))
 
     def _health(self, msg: HealthRequest, received: Received) -> None:
         self.control.reply(received, Health(self.broker.health))
@@ -264,14 +270,20 @@ class ShardWorker:
         status, headers, out = await run_local(self.app, msg, msg.body)
         self.control.reply(received, HTTPResponse(status, headers, out))
 
-    def _persist(self) -> None:
-        """Topics or pauses changed: send the snapshot to the supervisor (once per turn)."""
-        if not self._snapshot_pending:
-            self._snapshot_pending = True
-            asyncio.get_running_loop().call_soon(self._send_snapshot)
+    def _persist(self, topic: str) -> None:
+        """The topic, a channel of it or a paused flag changed: send what the turn changed to
+        the supervisor, for ``nsqd.dat`` (once per turn)."""
+        if not self._changed_topics:
+            asyncio.get_running_loop().call_soon(self._send_update)
+        self._changed_topics.add(topic)
+
+    def _send_update(self) -> None:
+        names, self._changed_topics = self._changed_topics, set()
+        if names and not self.control.closed:  # (none: a whole snapshot went meanwhile)
+            self.control.send(Updated(self.broker.snapshot(names), [n for n in names if n not in self.broker.topics]))
 
     def _send_snapshot(self) -> None:
-        self._snapshot_pending = False
+        self._changed_topics.clear()  # all of them, from here
         if not self.control.closed:
             self.control.send(Snapshot(self.broker.snapshot()))
 
@@ -281,7 +293,7 @@ class ShardWorker:
     def _changed(self, event: str, topic: str, channel: str | None) -> None:
         if not self.control.closed:
             self.control.send(Changed(event, topic, channel))
-        self._persist()
+        self._persist(topic)
 
     # --- lifecycle --------------------------------------------------------------------------
     def _beat_now(self) -> None:

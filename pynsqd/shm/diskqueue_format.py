@@ -84,7 +84,11 @@ def check_sizes(lengths: Sequence[int], min_size: int, max_size: int) -> int | N
 
 
 def frame(records: Sequence[bytes], lengths: Sequence[int]) -> bytes:
-    """The records framed back to back, ready for one ``write``."""
+    """The records framed back to back, ready for one ``write``. Records of one length (an
+    MPUB of equal bodies) share their header: one join with it as the separator."""
+    if lengths and lengths.count(lengths[0]) == len(lengths):
+        head = HEADER.pack(lengths[0])
+        return head + head.join(records)
     parts: list[bytes] = [b""] * (2 * len(records))
     parts[::2] = map(HEADER.pack, lengths)
     parts[1::2] = records

@@ -8,6 +8,7 @@ at open when something is off, and after corruption is found while reading.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -28,19 +29,37 @@ class Scanner:
         self.min_size = min_size
         self.max_size = max_size
         self.log = log
-        self._data_re = fmt.data_file_pattern(name)
-        self._all_re = fmt.all_files_pattern(name)
-        self._tmp_re = re.compile(re.escape(fmt.meta_file_name(name)) + r"\.\d+\.tmp")
+        self._prefix = f"{name}.diskqueue."  # every file of the queue's starts so
+
+    # the patterns are compiled only when the directory holds a file of this queue: a node
+    # creating thousands of queues would otherwise compile three patterns for each
+    @functools.cached_property
+    def _data_re(self) -> re.Pattern[str]:
+        return fmt.data_file_pattern(self.name)
+
+    @functools.cached_property
+    def _all_re(self) -> re.Pattern[str]:
+        return fmt.all_files_pattern(self.name)
+
+    @functools.cached_property
+    def _tmp_re(self) -> re.Pattern[str]:
+        return re.compile(re.escape(fmt.meta_file_name(self.name)) + r"\.\d+\.tmp")
 
     def path(self, file_num: int) -> str:
         return os.path.join(self.dir, fmt.data_file_name(self.name, file_num))
 
-    def data_files(self) -> list[int]:
+    def _candidates(self) -> list[str]:
+        """Names in the directory that may be this queue's files."""
+        prefix = self._prefix
+        return [f for f in os.listdir(self.dir) if f.startswith(prefix)]
+
+    def data_files(self, candidates: list[str] | None = None) -> list[int]:
         """Numbers of the data files present, ascending."""
-        return sorted(int(m[1]) for m in map(self._data_re.fullmatch, os.listdir(self.dir)) if m)
+        names = self._candidates() if candidates is None else candidates
+        return sorted(int(m[1]) for m in map(self._data_re.fullmatch, names) if m) if names else []
 
     def all_files(self) -> list[str]:
-        return [os.path.join(self.dir, f) for f in os.listdir(self.dir) if self._all_re.fullmatch(f)]
+        return [os.path.join(self.dir, f) for f in self._candidates() if self._all_re.fullmatch(f)]
 
     def scan_file(self, file_num: int, pos: int, limit: int | None = None) -> tuple[int, int, Stop]:
         """Count whole records from ``pos`` to ``limit`` (default: the file's end).
@@ -85,10 +104,11 @@ class Scanner:
 
     def open(self) -> Meta:
         """The state to resume from, after repairing what a crash left. Raises ``OSError``."""
-        for entry in os.listdir(self.dir):
+        candidates = self._candidates()
+        for entry in candidates:
             if self._tmp_re.fullmatch(entry):
                 os.unlink(os.path.join(self.dir, entry))
-        files = self.data_files()
+        files = self.data_files(candidates)
         meta = self._load_meta()
         if meta is None:
             if not files:

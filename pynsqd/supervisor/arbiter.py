@@ -16,7 +16,7 @@ each says ``ready``, announces the listeners, accepts TCP connections and hands 
 shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
 turn (``httpaccept.py``) — every listener through one ``accept.Acceptor``, which rides out a
 lack of descriptors — and keeps the node's single lookupd registration and ``nsqd.dat``
-from the snapshots the shards send.
+from what the shards report (``topictable.py``).
 
 Signal handlers only enqueue (SIGTERM, SIGINT); the loop drains the queue into ``exit``.
 uvloop reserves SIGCHLD, so instead every ``TICK`` the loop reaps (``handle_chld``) and
@@ -52,6 +52,7 @@ import orjson
 from pynsqd import NSQ_VERSION, __version__, logs, sdnotify
 from pynsqd.netaddr import bind, bound_port, describe
 from pynsqd.node import metadata
+from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.control import PROXY_WAIT, ControlChannel, Received, channel_pair
@@ -73,9 +74,11 @@ from pynsqd.node.messages import (
     Quiesce,
     Ready,
     SetConfig,
+    ShardDocuments,
     Snapshot,
     StatsDocument,
     StatsRequest,
+    Updated,
 )
 from pynsqd.node.metadata import TopicRecord
 from pynsqd.node.rings import create_rings, release_rings
@@ -85,13 +88,13 @@ from pynsqd.shm import store
 from pynsqd.shm.sizing import Host, plan
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.accept import Accepted, Acceptor
-from pynsqd.supervisor.aggregate import merge_stats
 from pynsqd.supervisor.handoff import greet
 from pynsqd.supervisor.httpaccept import HTTPAcceptor
 from pynsqd.supervisor.registration import Registration
 from pynsqd.supervisor.slots import Slot
 from pynsqd.supervisor.startup import Startup
 from pynsqd.supervisor.statsd import StatsdLines, StatsdPusher, statsd_prefix
+from pynsqd.supervisor.topictable import MetadataWriter, TopicTable
 from pynsqd.wire.lookup import IdentifyInfo
 from pynsqd.wire.names import is_ephemeral, is_valid_name
 
@@ -134,15 +137,16 @@ class Supervisor:
             keep = leftover_rings.rescue(opts, shards, self.placement.owner, topics)  # before any shard
             self.rings = create_rings(opts.data_dir, shards)
             start.on_failure(lambda: release_rings(self.rings))
-        self.snapshots: dict[int, list[TopicRecord]] = {i: [] for i in range(shards)}
+        self.topics = TopicTable(shards)
         for topic in topics:
-            self.snapshots[self.placement.owner(topic.name)].append(topic)
+            self.topics.update(self.placement.owner(topic.name), [topic], [])
+        self.metadata = MetadataWriter(opts.data_dir, self.topics.encode)
         self._sweep_segments(topics, keep)
         self.wake_fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(shards)]
         self.slots = [Slot(i) for i in range(shards)]
         self.tcp_acceptor = Acceptor("TCP", self.tcp_socket, self._greet)
         self.http_acceptor = HTTPAcceptor(self.slots)
-        self.registration = Registration(self.identity, self.registrations, opts.max_body_size)
+        self.registration = Registration(self.identity, self.topics.registrations, opts.max_body_size)
         self.start_ns = time.time_ns()
         self.start_time = self.start_ns // 1_000_000_000
         self.host = Host.now()
@@ -152,13 +156,11 @@ class Supervisor:
         self._signals: asyncio.Queue[int] = asyncio.Queue()  # signal numbers, from the handlers
         self._stopping = False
         self._exited = False
-        self._save_pending = False
-        self._metadata_failing = False  # the last save failed (logged once per spell)
         self._next_any = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accept_task: asyncio.Task[None] | None = None
         self._handlers: dict[type[Message], Callable[[Slot, Any, Received], None]] = {
-            Ready: self._on_ready, Snapshot: self._on_snapshot, Changed: self._on_changed,
+            Ready: self._on_ready, Snapshot: self._on_snapshot, Updated: self._on_updated, Changed: self._on_changed,
             HandOff: self._on_handoff, StatsRequest: self._on_stats, HealthRequest: self._on_health,
             Proxy: self._on_proxy, SetConfig: self._on_config,
         }
@@ -198,28 +200,6 @@ class Supervisor:
                             tcp_port=self.opts.broadcast_tcp_port or self.tcp_port,
                             http_port=self.opts.broadcast_http_port or self.http_port,
                             version=NSQ_VERSION, hostname=socket.gethostname())
-
-    def registrations(self) -> list[tuple[str, list[str]]]:
-        return [(t.name, [c.name for c in t.channels]) for snap in self.snapshots.values() for t in snap]
-
-    def save_metadata(self) -> None:
-        self._save_pending = False
-        topics = [t for i in range(self.shards) for t in self.snapshots[i]]
-        try:
-            metadata.save(self.opts.data_dir, metadata.encode(topics))
-        except OSError as exc:  # kept in memory; saved with the next change or at exit
-            if not self._metadata_failing:
-                log.error("failed to persist metadata - %s", exc)
-            self._metadata_failing = True
-            return
-        if self._metadata_failing:
-            log.info("metadata persisted again")
-            self._metadata_failing = False
-
-    def _schedule_save(self) -> None:
-        if not self._save_pending:
-            self._save_pending = True
-            asyncio.get_running_loop().call_soon(self.save_metadata)
 
     # --- spawning and supervising shards -----------------------------------------------------
     def spawn(self, slot: Slot) -> None:
@@ -341,8 +321,12 @@ class Supervisor:
         log.info("shard %d: ready", slot.index)
 
     def _on_snapshot(self, slot: Slot, msg: Snapshot, received: Received) -> None:
-        self.snapshots[slot.index] = msg.topics
-        self._schedule_save()
+        self.topics.replace(slot.index, msg.topics)
+        self.metadata.schedule()
+
+    def _on_updated(self, slot: Slot, msg: Updated, received: Received) -> None:
+        self.topics.update(slot.index, msg.topics, msg.deleted)
+        self.metadata.schedule()
 
     def _on_changed(self, slot: Slot, msg: Changed, received: Received) -> None:
         self._changed(msg.event, msg.topic, msg.channel)
@@ -424,14 +408,25 @@ class Supervisor:
             sock.close()
 
     async def _call_all(self, msg: Message) -> list[Message]:
-        calls = [s.channel.call(msg, wait=CALL_TIMEOUT) for s in self.slots
-                 if s.is_ready and s.channel is not None and not s.channel.closed]
-        return [r for r in await asyncio.gather(*calls, return_exceptions=True) if isinstance(r, Message)]
+        return [r for _, r in await self._call_each(msg)]
+
+    async def _call_each(self, msg: Message, skip: int = -1) -> list[tuple[int, Message]]:
+        """``msg`` to every ready shard but ``skip``: (shard index, reply) of those that answered."""
+        slots = [s for s in self.slots if s.index != skip and s.is_ready and s.channel is not None
+                 and not s.channel.closed]
+        replies = await asyncio.gather(*(s.channel.call(msg, wait=CALL_TIMEOUT) for s in slots if s.channel),
+                                       return_exceptions=True)
+        return [(s.index, r) for s, r in zip(slots, replies) if isinstance(r, Message)]
 
     async def _stats(self, slot: Slot, msg: StatsRequest, received: Received) -> None:
-        doc = await self.node_stats(msg)
+        """A shard's ``/stats``: the other shards' documents, passed on unparsed with their
+        indices; the asking shard makes its own meanwhile and merges them all."""
+        replies = await self._call_each(msg, skip=msg.skip)
+        docs = b",".join(b"[%d,%s]" % (i, r.doc) for i, r in replies if isinstance(r, StatsDocument))
+        supervisor = orjson.dumps(self.stats() if msg.include_shards else None)
         if slot.channel is not None:
-            slot.channel.reply(received, StatsDocument(orjson.dumps(doc)))
+            slot.channel.reply(received, ShardDocuments(
+                b'{"docs":[%s],"supervisor":%s,"start_time":%d}' % (docs, supervisor, self.start_time)))
 
     async def _health(self, slot: Slot, received: Received) -> None:
         """``/ping`` is the node's health: the first shard that is not OK decides it."""
@@ -497,7 +492,7 @@ class Supervisor:
         log.info("pynsqd %s (nsqd v%s compatible), %d shard(s)", __version__, NSQ_VERSION, self.shards)
         log.info("ID: %d", self.opts.node_id)
         log.info("%s", self.log_sizing.describe(self.opts.mem_queue_size, self.host))
-        self.save_metadata()
+        self.metadata.save_now()
         for slot in self.slots:
             try:
                 self.spawn(slot)
@@ -575,8 +570,7 @@ class Supervisor:
         killed = await self._wait_children(deadline)
         if killed:
             log.error("%d shard(s) did not exit in time and were killed", killed)
-        self._metadata_failing = False  # the last save: its failure is always logged
-        self.save_metadata()
+        await self.metadata.flush()  # the last save: its failure is always logged
         await self.registration.close()
         release_rings(self.rings)
         self.placement.close()

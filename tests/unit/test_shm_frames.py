@@ -288,6 +288,19 @@ def test_runs_the_uniform_proof_cannot_take_are_walked_and_still_checked() -> No
     assert len(check_frames(frame_records([b"y" * 25] * 4).data, 0, 4)) == 4
 
 
+@pytest.mark.parametrize("sizes", [UNIFORM, ALIGNED, [201, 203, 201, 203], [7]],
+                         ids=["uniform", "aligned", "same-padded-size", "one"])
+def test_a_checked_run_decodes_to_exactly_its_records(sizes: list[int]) -> None:
+    """A run of equal frames is decoded at a fixed stride; records whose frames pad to the
+    same size (201 and 203 bytes) are not equal frames and are decoded one head at a time:
+    either way the records come back exactly, lengths and all."""
+    batch = messages(sizes)
+    run = check_ready(frame_ready(batch).data, 0, len(batch))
+    assert run.equal == (len(set(sizes)) == 1) and not run.decoded
+    assert list(run) == batch and [len(m) for m in run] == [len(m) for m in batch]
+    assert frame_ready(batch).equal == (len(set(sizes)) == 1)
+
+
 @pytest.mark.parametrize("sizes", [UNIFORM, ALIGNED, MIXED, [7], []],
                          ids=["uniform", "aligned", "mixed", "one", "none"])
 def test_frame_records_writes_the_ring_frame_format(sizes: list[int]) -> None:

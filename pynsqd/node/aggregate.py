@@ -1,4 +1,5 @@
-"""One node's ``/stats`` from its shards' documents, in exactly the single-node shape.
+"""One node's ``/stats`` from its shards' documents, in exactly the single-node shape (the
+shard answering ``/stats`` merges, and the supervisor for statsd).
 
 Each shard answers with ``stats.node_stats`` of its own broker (topics it owns, clients it
 serves). A topic lives on one shard, so topics are concatenated (sorted by name, as nsqd
