@@ -32,9 +32,9 @@ served strictly in order (HTTP/1.1 answers in request order, pipelined or not):
   ring is full) stops the queue, stops reading, and is retried every ``BUSY_RETRY``
   seconds — never lost, never reordered. A call that returns a ``Later`` (a plain ``/pub``
   joins the loop turn's batch) stops the queue until the ``Later`` finishes, at the end of
-  the same turn, with the answer; reading goes on meanwhile. ``Content-Length`` over the limit with
-  ``Expect: 100-continue`` is refused at once (413, connection closed: the client never
-  sent the body); otherwise ``100 Continue`` is sent.
+  the same turn, with the answer; reading goes on meanwhile. ``Content-Length`` over the
+  limit with ``Expect: 100-continue`` is refused at once (413, connection closed: the
+  client never sent the body); otherwise ``100 Continue`` is sent.
 - anything else: the ASGI app runs in a task (registered in ``server_state.tasks``, so a
   graceful shutdown waits for it) with the body (buffered up to ``max_body`` bytes; past it
   the app sees an empty body); its answer is written once it is complete,

@@ -114,6 +114,10 @@ class PublishGroup:
             log.error("HTTP publish to %s failed - %s", batch.topic, exc)
             batch.finish(HTTPError(503, "EXITING"))
             return
+        except Exception:  # a bug: answered as nsqd answers a failure inside, never left waiting
+            log.exception("HTTP publish to %s failed", batch.topic)
+            batch.finish(HTTPError(500, "INTERNAL_ERROR"))
+            return
         self.published += len(batch.bodies)
         self.batches += 1
         batch.finish(None)

@@ -100,3 +100,17 @@ def test_requests_that_come_alone_are_stored_at_once_and_a_probe_notices_company
     run_async(turns())
     assert broker.topics["t"].message_count == PROBE_EVERY + 3
     assert (group.published, group.batches) == (PROBE_EVERY + 3, PROBE_EVERY + 2)
+
+
+def test_a_batch_that_fails_unexpectedly_is_answered_500(broker: Broker) -> None:
+    """A bug in the publish (here a body that is not bytes) is logged and answered as nsqd
+    answers a failure inside, never left waiting."""
+    group = PublishGroup(broker, limit=1000)
+    errors: list[HTTPError | None] = []
+
+    async def one_turn() -> None:
+        group.join("t", "not bytes").add(errors.append)  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+
+    run_async(one_turn())
+    assert [(e.status, e.message) for e in errors if e is not None] == [(500, "INTERNAL_ERROR")]
