@@ -46,8 +46,8 @@ def _ms(text: str) -> float:
 def parse(report: str) -> tuple[int, float, float, float]:
     """(requests, seconds, p50 ms, p99 ms) from wrk's report; ValueError on errors in it."""
     done = re.search(r"^\s*(\d+) requests in ([0-9.]+)(\w+),", report, re.M)
-    p50 = re.search(r"^\s*50%\s+(\S+)$", report, re.M)
-    p99 = re.search(r"^\s*99%\s+(\S+)$", report, re.M)
+    p50 = re.search(r"^\s*50%\s+(\S+)\s*$", report, re.M)  # wrk pads "1.68s " to its column
+    p99 = re.search(r"^\s*99%\s+(\S+)\s*$", report, re.M)
     if not (done and p50 and p99):
         raise ValueError(f"unexpected wrk report:\n{report}")
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", report)

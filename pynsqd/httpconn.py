@@ -18,18 +18,23 @@ of nsqd's HTTP traffic: uvicorn's generic path costs a task, an ASGI scope and t
 syscalls per request; here a publish is a synchronous call made from the parser's callback
 and the answer is one pre-built write.
 
-Bytes go to an ``httptools`` parser. Each complete request becomes a ``_Request`` appended to
-``queue``; after each ``feed_data`` the queue is served strictly in order (HTTP/1.1 answers in
-request order, pipelined or not):
+Bytes go to an ``httptools`` parser — except a read that is exactly one plain publish
+(``_PLAIN_HEAD``: what HTTP clients and load generators send) while nothing is pending, which
+is served at once without it (the parser's seven Python callbacks were about a quarter of a
+``/pub``'s Python time); anything else, or any doubt, goes to the parser. Each complete
+request becomes a ``_Request`` appended to ``queue``; after each ``feed_data`` the queue is
+served strictly in order (HTTP/1.1 answers in request order, pipelined or not):
 
 - with a ``publisher`` (nsqd), ``POST /pub`` / ``/mpub`` (exact paths; not when
   ``--tls-required`` refuses plain HTTP): the body was buffered up to the route's limit
   (``None`` past it), then ``publisher.publish_steps`` checks it in nsqd's order and yields
   the broker calls; a call that raises one of ``publisher.busy`` (the owner shard's inbound
   ring is full) stops the queue, stops reading, and is retried every ``BUSY_RETRY``
-  seconds — never lost, never reordered. ``Content-Length`` over the limit with
-  ``Expect: 100-continue`` is refused at once (413, connection closed: the client never
-  sent the body); otherwise ``100 Continue`` is sent.
+  seconds — never lost, never reordered. A call that returns a ``Later`` (a plain ``/pub``
+  joins the loop turn's batch) stops the queue until the ``Later`` finishes, at the end of
+  the same turn, with the answer; reading goes on meanwhile. ``Content-Length`` over the
+  limit with ``Expect: 100-continue`` is refused at once (413, connection closed: the
+  client never sent the body); otherwise ``100 Continue`` is sent.
 - anything else: the ASGI app runs in a task (registered in ``server_state.tasks``, so a
   graceful shutdown waits for it) with the body (buffered up to ``max_body`` bytes; past it
   the app sees an empty body); its answer is written once it is complete,
@@ -48,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import re
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, Protocol
@@ -72,9 +78,16 @@ BUSY_RETRY = 0.001  # seconds between tries of a publish step that found no room
 FEED_STEP = 65536  # bytes handed to the parser at once while a head is incomplete
 LINGER = 0.5  # seconds a refused connection is read (and discarded) before it closes: Go's
 DEFAULT_MAX_BODY = 1 << 20  # body bytes buffered for the app without a publisher
-Step = tuple[Callable[..., None], tuple[Any, ...]]  # a call that may raise one of ``busy``
+Step = tuple[Callable[..., Any], tuple[Any, ...]]  # a call: None, or a ``Later``; may raise one of ``busy``
 
 _PUBLISH_PATHS = (b"/pub", b"/mpub")
+# A plain publish, as HTTP clients and load generators send it, served without the parser:
+# an HTTP/1.1 POST to /pub or /mpub whose URL holds only RFC 3986 characters, up to 32
+# header fields of token names and printable values, exactly one Content-Length, and
+# no field that changes how the message is framed or answered (``_NOT_PLAIN``).
+_PLAIN_HEAD = re.compile(rb"POST ((?:/pub|/mpub)(?:\?[-A-Za-z0-9._~!$&'()*+,;=:@/?%]*)?) HTTP/1\.1\r\n"
+                         rb"((?:[-!#$%&'*+.^_`|~0-9A-Za-z]+:[\t -~]*\r\n){0,32})\r\n")
+_NOT_PLAIN = re.compile(rb"\n(?:connection|expect|transfer-encoding|upgrade):")  # in "\n" + the lowered fields
 _NSQ = b"x-nsq-content-type: nsq; version=1.0\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _BAD_REQUEST = b"Invalid HTTP request received."
@@ -96,6 +109,26 @@ class Publisher(Protocol):
     def check_length(self, path: str, content_length: int) -> None: ...
 
     def publish_steps(self, path: str, query: bytes, body: bytes | None) -> Any: ...
+
+
+class Later:
+    """What a publish step returns when its outcome comes later (``shard/pubgroup.py``: a
+    batch published at the end of the loop turn): ``add`` a callback, called with ``None``
+    (stored) or the ``HTTPError`` by ``finish``."""
+
+    __slots__ = ("waiters",)
+
+    def __init__(self) -> None:
+        self.waiters: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+
+    def add(self, callback: Callable[..., None], *args: Any) -> None:
+        """``callback(*args, error)`` once finished."""
+        self.waiters.append((callback, args))
+
+    def finish(self, error: HTTPError | None) -> None:
+        for callback, args in self.waiters:
+            callback(*args, error)
+        self.waiters.clear()
 
 
 class _Request:
@@ -166,7 +199,8 @@ class HTTPConnection(asyncio.Protocol):
         self.scheme = "http"
         self.client: Any = None
         self.server: Any = None
-        self.busy = False  # a request of the queue waits (a task, or a full ring)
+        self.busy = False  # a request of the queue waits (a task, a full ring, a ``Later``)
+        self.joined = False  # waiting on a ``Later``: answered this loop turn, reading goes on
         self.closing = False
         self.read_paused = False
         self.write_paused = False
@@ -194,6 +228,9 @@ class HTTPConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.refused:
             return
+        if (self.publisher is not None and not self.head_size and self.in_head and not self.queue
+                and not self.busy and not self.closing and self._publish_plain(data)):
+            return
         if not self.in_head:
             fed = self._feed(data)
         elif len(data) <= FEED_STEP and self.head_size + len(data) < HEAD_LIMIT:
@@ -207,6 +244,33 @@ class HTTPConnection(asyncio.Protocol):
             self._refuse(HEAD_TOO_LARGE)
             return
         self._serve()
+
+    def _publish_plain(self, data: bytes) -> bool:
+        """Serve ``data`` if it is exactly one plain publish (see ``_PLAIN_HEAD``) while
+        nothing else is pending, without the parser; False to parse it as usual."""
+        head = _PLAIN_HEAD.match(data)
+        if head is None:
+            return False
+        fields = b"\n" + head.group(2).lower()
+        at = fields.find(b"\ncontent-length:") + 16
+        if at == 15 or fields.count(b"content-length") != 1 or _NOT_PLAIN.search(fields):
+            return False
+        length = fields[at:fields.index(b"\r", at)].strip(b" \t")
+        publisher = self.publisher
+        assert publisher is not None
+        if (not length.isdigit() or len(length) > 15 or len(data) - head.end() != int(length)
+                or (publisher.tls_required_port and self.scheme != "https")):
+            return False
+        req = _Request()
+        req.url = head.group(1)
+        req.publish = True
+        req.limit = publisher.body_limit(req.url.partition(b"?")[0].decode())
+        req.content_length = req.size = len(data) - head.end()
+        if req.size > req.limit:
+            return False
+        req.chunks.append(data[head.end():])
+        self._publish(req, None)
+        return True
 
     def _feed_in_steps(self, view: memoryview) -> bool:
         """Feed ``view`` at most ``FEED_STEP`` bytes at a time while a head is incomplete,
@@ -375,21 +439,22 @@ class HTTPConnection(asyncio.Protocol):
             return
         if self.closing and not self.busy and not self.queue and self.current is None:
             transport.close()  # a graceful stop: everything received was answered
-        elif self.queue or self.busy:
+        elif self.queue or (self.busy and not self.joined):
             self._pause_reading()
         elif not self.write_paused:
             self._resume_reading()
 
     def _publish(self, req: _Request, steps: Any) -> None:
         """Run ``req``'s publish steps; on ``Backpressure`` retry later (the queue waits)."""
-        path = req.url.partition(b"?")[0].decode()
         pending: Step | None = None
         publisher = self.publisher
         assert publisher is not None
         try:
             if steps is None:
+                raw_path, _, query = req.url.partition(b"?")
+                path = raw_path.decode()
                 publisher.check_length(path, req.content_length)
-                steps = publisher.publish_steps(path, req.url.partition(b"?")[2], req.body)
+                steps = publisher.publish_steps(path, query, req.body)
             else:
                 pending, steps = steps
             while True:
@@ -398,17 +463,31 @@ class HTTPConnection(asyncio.Protocol):
                     if pending is None:
                         break
                 action, args = pending
-                action(*args)
+                later = action(*args)
                 pending = None
+                if later is not None:  # answered when ``later`` finishes
+                    self.busy = self.joined = True
+                    later.add(self._joined, req, steps)
+                    return
         except publisher.busy:
             self.busy = True
             self._pause_reading()
             asyncio.get_running_loop().call_later(BUSY_RETRY, self._retry, req, (pending, steps))
             return
         except HTTPError as exc:
-            self._write(exc.status, _JSON, orjson.dumps({"message": exc.message}), close=not req.keep_alive)
+            self._write_error(exc, req)
             return
         self._write_ok(close=not req.keep_alive)
+
+    def _joined(self, req: _Request, steps: Any, error: HTTPError | None) -> None:
+        self.busy = self.joined = False
+        if self.transport is None or self.transport.is_closing():
+            return
+        if error is not None:
+            self._write_error(error, req)
+        else:
+            self._publish(req, (None, steps))
+        self._serve()
 
     def _retry(self, req: _Request, state: Any) -> None:
         self.busy = False
@@ -484,6 +563,9 @@ class HTTPConnection(asyncio.Protocol):
         self.transport.write(b"".join(parts))
         if close:
             self.transport.close()
+
+    def _write_error(self, error: HTTPError, req: _Request) -> None:
+        self._write(error.status, _JSON, orjson.dumps({"message": error.message}), close=not req.keep_alive)
 
     def _write_ok(self, close: bool) -> None:
         assert self.transport is not None

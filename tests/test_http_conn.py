@@ -1,15 +1,18 @@
 """The HTTP connection protocol (``httpconn.py``) of an nsqd shard on the wire, over raw sockets:
-pipelining, keep-alive and ``Connection: close``, ``Expect: 100-continue``, bad requests."""
+pipelining, keep-alive and ``Connection: close``, ``Expect: 100-continue``, bad requests, the
+``/pub`` requests of one loop turn stored as one batch."""
 
 from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
-from tests.support.harness import Daemon, scaled
+from tests.support.harness import Daemon, scaled, wait_for
 
 
 @pytest.fixture
@@ -119,3 +122,75 @@ def test_head_has_no_body(nsqd: Daemon, conn: socket.socket) -> None:
     head, _, r.buf = r.buf.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK")
     assert r.answer()[::2] == (200, b"OK")  # the HEAD answer had no body before this one
+
+
+def test_pubs_read_in_one_loop_turn_are_stored_as_one_batch(nsqd_factory: Callable[..., Daemon]) -> None:
+    """Keep-alive ``/pub`` connections, one request in flight each: the requests a shard
+    reads in one loop turn are stored as one batch per topic (the node's counters), each
+    answered ``OK`` once stored, every message once."""
+    nsqd = nsqd_factory("--shards=2")
+    socks = [socket.create_connection(nsqd.http, timeout=scaled(10)) for _ in range(16)]
+    readers = [Reader(sock) for sock in socks]
+    sent = 0
+
+    def stats() -> Any:
+        with urllib.request.urlopen(nsqd.http_url + "/stats?format=json&topic=grouped&include_shards=true",
+                                    timeout=scaled(10)) as resp:
+            return json.load(resp)
+
+    def a_round_was_grouped() -> bool:
+        nonlocal sent
+        for sock in socks:
+            sock.sendall(pub("grouped", b"%d" % sent))
+            sent += 1
+        for r in readers:
+            assert r.answer()[::2] == (200, b"OK")
+        sup = stats()["supervisor"]
+        return bool(sup["http_pub_batches"] < sup["http_pubs"])
+
+    try:
+        wait_for(a_round_was_grouped, 30, interval=0, what="two /pub requests in one batch")
+        doc = stats()
+        assert doc["supervisor"]["http_pubs"] == sent == doc["topics"][0]["message_count"]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+PUBLISHES = [  # (request line target, body, status, answer body)
+    (b"/pub?topic=plain", b"x", 200, b"OK"),
+    (b"/pub?topic=plain&defer=10", b"x", 200, b"OK"),
+    (b"/mpub?topic=plain", b"a\nb\n", 200, b"OK"),
+    (b"/mpub?topic=plain&binary=true", b"\x00\x00\x00\x01\x00\x00\x00\x01z", 200, b"OK"),
+    (b"/mpub?topic=plain&binary=true", b"\x00\x00\x00\x02\x00\x00\x00\x01z", 413, b'{"message":"BAD_MESSAGE"}'),
+    (b"/pub", b"x", 400, b'{"message":"MISSING_ARG_TOPIC"}'),
+    (b"/pub?topic=bad!", b"x", 400, b'{"message":"INVALID_TOPIC"}'),
+    (b"/pub?topic=plain", b"", 400, b'{"message":"MSG_EMPTY"}'),
+    (b"/pub?topic=plain&defer=x", b"x", 400, b'{"message":"INVALID_DEFER"}'),
+    (b"/pub?topic=plain&a=%zz", b"x", 400, b'{"message":"INVALID_REQUEST"}'),
+]
+
+
+@pytest.mark.parametrize(("target", "body", "status", "answer"), PUBLISHES)
+def test_a_plain_publish_is_answered_as_the_parsed_one(nsqd: Daemon, target: bytes, body: bytes, status: int,
+                                                        answer: bytes) -> None:
+    """A read holding exactly one plain publish skips the parser; with ``Connection:
+    keep-alive`` (or pipelined behind another) the same request is parsed. Both get nsqd's
+    answer, byte for byte but the date."""
+    plain = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (target, len(body), body)
+    parsed = b"POST %s HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nContent-Length: %d\r\n\r\n%s" % (
+        target, len(body), body)
+    answers = []
+    for request in (plain, parsed, plain + plain):
+        with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
+            r = Reader(sock)
+            sock.sendall(request)
+            for _ in range(request.count(b"POST ")):
+                got_status, headers, got = r.answer()
+                headers.pop(b"date")
+                answers.append((got_status, headers, got))
+    assert answers[0][::2] == (status, answer)
+    assert answers[0][1] == {b"content-type": b"text/plain; charset=utf-8" if status == 200
+                             else b"application/json; charset=utf-8",
+                             b"content-length": b"%d" % len(answer), b"x-nsq-content-type": b"nsq; version=1.0"}
+    assert answers == [answers[0]] * 4

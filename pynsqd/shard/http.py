@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from pynsqd import NSQ_VERSION, logs
-from pynsqd.httpconn import BUSY_RETRY, Step
+from pynsqd.httpconn import BUSY_RETRY, Later, Step
 from pynsqd.httpkit import (
     JSON_TYPE,
     NSQ_HEADER,
@@ -42,6 +42,7 @@ from pynsqd.options import config_value
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
+from pynsqd.shard.pubgroup import PublishGroup
 from pynsqd.shard.stats import format_text, node_stats, stats_request
 from pynsqd.wire.commands import parse_mpub_body
 from pynsqd.wire.errors import ProtocolError
@@ -70,6 +71,7 @@ class NsqdHTTP:
         self.tls_required_port = 0  # with --tls-required=true: plain HTTP gets 403 naming this port
         self.busy: tuple[type[Exception], ...] = (Backpressure,)  # a publish step to retry later
         self._queries: dict[bytes, tuple[dict[str, list[str]], str]] = {}
+        self.group = PublishGroup(broker, opts.max_body_size)  # plain /pub, a batch per topic and loop turn
         self.router: Router[Handler] = Router([
             ("GET", "/ping", self.ping),
             ("GET", "/info", self.info_route),
@@ -151,27 +153,34 @@ class NsqdHTTP:
     def publish_steps(self, path: str, query: bytes, body: bytes | None) -> Iterator[Step]:
         """``POST /pub`` or ``/mpub`` once its body was read (``None``: it passed the limit):
         nsqd's checks in nsqd's order (``HTTPError``), yielding the broker calls to make, each
-        to be retried by the caller while it raises ``Backpressure``. Transport-free: the
-        ASGI path above and the connection protocol (``httpconn.py``) both drive it."""
+        to be retried by the caller while it raises ``Backpressure``; a plain ``/pub`` joins
+        the loop turn's batch (``pubgroup.py``) and its call returns the ``Later`` to wait
+        for. Transport-free: the ASGI path above and the connection protocol
+        (``httpconn.py``) both drive it. ``/pub`` has one step, checked here (the hot path:
+        no generator); ``/mpub`` creates its topic before it checks the body."""
         if path == "/pub":
-            if body is None:
+            return iter((self._pub_step(query, body),))
+        return self._mpub_steps(query, body)
+
+    def _pub_step(self, query: bytes, body: bytes | None) -> Step:
+        if body is None:
                 raise HTTPError(413, "MSG_TOO_BIG")
-            if not body:
-                raise HTTPError(400, "MSG_EMPTY")
-            params, topic = self._topic_from_query(query)
-            delay = 0
-            if "defer" in params:
-                raw = params["defer"][0]
-                if not re.fullmatch(r"[+-]?[0-9]+", raw):
-                    raise HTTPError(400, "INVALID_DEFER")
-                delay = int(raw)
-                if delay < 0 or delay * 1_000_000 > self.opts.max_req_timeout:
-                    raise HTTPError(400, "INVALID_DEFER")
-            if delay:
-                yield self._publish, (self.broker.publish_deferred, topic, body, delay)
-            else:
-                yield self._publish, (self.broker.publish, topic, [body])
-            return
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        params, topic = self._topic_from_query(query)
+        delay = 0
+        if "defer" in params:
+            raw = params["defer"][0]
+            if not re.fullmatch(r"[+-]?[0-9]+", raw):
+                raise HTTPError(400, "INVALID_DEFER")
+            delay = int(raw)
+            if delay < 0 or delay * 1_000_000 > self.opts.max_req_timeout:
+                raise HTTPError(400, "INVALID_DEFER")
+        if delay:
+            return self._publish, (self.broker.publish_deferred, topic, body, delay)
+        return self.group.join, (topic, body)
+
+    def _mpub_steps(self, query: bytes, body: bytes | None) -> Iterator[Step]:
         opts = self.opts
         params, topic = self._topic_from_query(query)
         yield self.broker.ensure_topic, (topic,)  # nsqd creates it before reading the body
@@ -362,14 +371,21 @@ class NsqdHTTP:
             raise HTTPError(400, "INVALID_OPTION")
 
 
-async def _until_room(action: Callable[..., None], *args: Any) -> None:
-    """Run a publish; while the owner shard's inbound ring is full, wait and retry."""
+async def _until_room(action: Callable[..., Later | None], *args: Any) -> None:
+    """Run a publish step; while the owner shard's inbound ring is full, wait and retry; a
+    step answered ``Later`` is waited for."""
     while True:
         try:
-            action(*args)
-            return
+            later = action(*args)
+            break
         except Backpressure:
             await asyncio.sleep(BUSY_RETRY)
+    if later is not None:
+        done: asyncio.Future[HTTPError | None] = asyncio.get_running_loop().create_future()
+        later.add(done.set_result)
+        error = await done
+        if error is not None:
+            raise error
 
 
 def _content_length(scope: dict[str, Any]) -> int:

@@ -126,6 +126,9 @@ _SUPERVISOR = [  # (key of the "supervisor" stats object, metric name, kind, hel
      "Messages published on one shard for a topic another shard owns"),
     ("cross_shard_framed", "nsq_supervisor_cross_shard_framed_messages", "counter",
      "Cross-shard messages their owner stored as framed runs, one copy per log"),
+    ("http_pubs", "nsq_supervisor_http_pub_messages", "counter", "Messages published by HTTP /pub without a delay"),
+    ("http_pub_batches", "nsq_supervisor_http_pub_batches", "counter",
+     "Batches those were stored in: the /pub requests of one loop turn, one batch per topic"),
 ]
 
 

@@ -211,7 +211,9 @@ class ShardWorker:
         doc["shard_counters"] = {"handoffs": self.handoffs, "relays": self.relays,
                                  "cross_shard_sent": self.outbound.sent,
                                  "cross_shard_received": self.inbound.received,
-                                 "cross_shard_framed": self.inbound.framed}
+                                 "cross_shard_framed": self.inbound.framed,
+                                 "http_pubs": self.app.group.published,
+                                 "http_pub_batches": self.app.group.batches}
         return doc
 
     def _stats(self, msg: StatsRequest, received: Received) -> None:
