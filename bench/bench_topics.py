@@ -5,7 +5,9 @@ Each of ``--topics`` topics (default 2,000) is created by its first ``POST /mpub
 sequentially over one keep-alive connection. Then ``GET /metrics`` (Prometheus) and
 ``GET /stats?format=json`` are each timed ``--scrapes`` times. Figures: ``create_s`` (wall
 time of all the creating requests), ``metrics_ms`` and ``stats_ms`` (medians), ``rss_mb``
-(the node's process tree after the scrapes, shared memory touched included).
+(the node's process tree after the scrapes, shared memory touched included). With
+``--idle SECONDS``, ``idle_cpu_pct``: the CPU time (user + system) of the node's whole process
+tree while it then sits idle for that long, in percent of one core.
 
 ``--trees A,B`` starts one node per tree (``bench.common.start_node``'s ``tree``: another
 checkout's code runs), interleaved per run, for A/B comparisons:
@@ -30,7 +32,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import running_node  # noqa: E402
+from bench.common import Meter, running_node  # noqa: E402
 
 
 def _request(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None) -> bytes:
@@ -52,6 +54,14 @@ def tree_rss(pid: int) -> int:
         except psutil.NoSuchProcess:
             continue
     return total
+
+
+def idle_cpu(pid: int, seconds: float) -> float:
+    """Percent of one core the process tree of ``pid`` uses over ``seconds`` of no requests."""
+    meter = Meter(pid)
+    t0, cpu0 = time.perf_counter(), meter.cpu()
+    time.sleep(seconds)
+    return (meter.cpu() - cpu0) / (time.perf_counter() - t0) * 100
 
 
 def measure(http_address: tuple[str, int], count: int, pid: int | None = None, *, batch: int = 10,
@@ -86,8 +96,11 @@ def measure(http_address: tuple[str, int], count: int, pid: int | None = None, *
 def one_node(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-topics-") as data, \
             running_node(data, *args.flag, stop_timeout=60, tree=tree) as (proc, _, http_port):
-        return measure(("127.0.0.1", http_port), args.topics, proc.pid, batch=args.batch,
-                       size=args.size, scrapes=args.scrapes)
+        figures = measure(("127.0.0.1", http_port), args.topics, proc.pid, batch=args.batch,
+                          size=args.size, scrapes=args.scrapes)
+        if args.idle:
+            figures["idle_cpu_pct"] = idle_cpu(proc.pid, args.idle)
+        return figures
 
 
 def main() -> None:
@@ -96,6 +109,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10, help="messages in each topic's first /mpub")
     parser.add_argument("--size", type=int, default=200, help="message size in bytes")
     parser.add_argument("--scrapes", type=int, default=9, help="timed /metrics and /stats requests")
+    parser.add_argument("--idle", type=float, default=0.0,
+                        help="then measure the idle node's CPU over this many seconds")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--trees", default=str(ROOT), help="comma-separated source trees to compare")
     parser.add_argument("--flag", action="append", default=[], help="an extra nsqd flag (repeatable)")

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pynsqd.wire.commands import encode_fin, encode_mpub, encode_pub, encode_req
+from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_req
 from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
@@ -317,3 +317,44 @@ def test_corrupt_deferred_sidecar_is_set_aside_and_the_node_starts(nsqd_factory:
             assert m.body == b"ready"
             c.send(encode_fin(m.id))
             c.expect_nothing(0.3)
+
+
+def test_the_scan_syncs_a_disk_queue_after_sync_timeout_with_no_further_writes(
+        nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Only ``--sync-timeout`` can sync here (``--sync-every`` is never reached, no file is
+    rolled or read past): the metadata follows the writes, then a read, then a write, each
+    made after a scan found the queue synced, with nothing after it."""
+    nsqd = nsqd_factory("--shards=1", "--mem-queue-size=0", "--sync-every=1000000", "--sync-timeout=50ms",
+                        data_path=tmp_path)
+    meta = tmp_path / "synced:c.diskqueue.meta.dat"
+
+    def depth_on_disk() -> int | None:
+        return int(meta.read_text().split("\n")[0]) if meta.exists() else None
+
+    c, ticks, p = RawClient(nsqd.tcp), RawClient(nsqd.tcp), RawClient(nsqd.tcp)
+    try:
+        ticks.subscribe("tick", "c", rdy=1)
+
+        def after_a_scan() -> None:
+            """A deferred message is released by the scan: once it arrives, a scan has
+            run since now."""
+            p.send(encode_dpub("tick", 1, b"tick"))
+            p.expect_ok()
+            ticks.send(encode_fin(ticks.read_message(timeout=10).id))
+
+        c.subscribe("synced", "c", rdy=0)
+        after_a_scan()
+        p.send(encode_mpub("synced", [b"m%d" % i for i in range(5)]))
+        p.expect_ok()
+        wait_for(lambda: depth_on_disk() == 5, 10, what="a sync of the writes")
+        after_a_scan()
+        c.send(b"RDY 1\n")
+        c.send(b"RDY 0\n" + encode_fin(c.read_message().id))
+        wait_for(lambda: depth_on_disk() == 4, 10, what="a sync of the read position")
+        after_a_scan()
+        p.send(encode_pub("synced", b"again"))
+        p.expect_ok()
+        wait_for(lambda: depth_on_disk() == 5, 10, what="a sync of a later write")
+    finally:
+        for client in (c, ticks, p):
+            client.close()

@@ -9,11 +9,19 @@ delivery is not done inline: topics and channels call ``schedule(obj)``, which p
 object's ``pump`` once. A burst of 200 PUBs on 50 connections thus costs one pump per
 channel per loop turn, not 10,000.
 
-Timeouts and deferred messages are scanned every ``SCAN_INTERVAL`` (nsqd: 100 ms), only for
-channels that hold something in flight or deferred; the same scan asks for the syncs due
-after ``--sync-timeout``, retries topics that could not hand messages on, checks client
-deadlines and ends with ``on_scan`` (the shard's heartbeat). A pass that raises stops the
-scan and calls ``on_fatal``: the process goes down and the supervisor restarts it.
+Timeouts and deferred messages are scanned every ``SCAN_INTERVAL`` (nsqd: 100 ms); the same
+scan asks for the syncs due after ``--sync-timeout``, retries topics that could not hand
+messages on, checks client deadlines and ends with ``on_scan`` (the shard's heartbeat). A
+pass that raises stops the scan and calls ``on_fatal``: the process goes down and the
+supervisor restarts it.
+
+The scan's work follows what is active, not how many topics and channels there are: it
+visits only the channels in ``_timed`` (added by ``Channel.on_timers`` when one gets
+something in flight or deferred, dropped by the scan once ``has_timers`` is false), the
+topics in ``_retrying`` (added by ``Topic.on_retry`` when a hand-on fails, dropped once the
+retry succeeded) and the disk queues in ``Syncer.unsynced``. A deleted topic or channel is
+dropped when the scan next meets it. An idle node with thousands of topics thus scans
+nothing but its clients.
 
 Publishing turns bodies into encoded messages (``pynsqd.wire.message``): one wall-clock
 read and one batch of ids per PUB/MPUB.
@@ -35,7 +43,7 @@ from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import Backend, DropBackend, MessageQueue
 from pynsqd.shard.syncer import Syncer
 from pynsqd.shard.topic import Topic
-from pynsqd.shm.diskqueue import DiskQueue, DiskQueueError
+from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.shm.log import MessageLog
 from pynsqd.shm.ring import buffer_size
 from pynsqd.wire.message import HEADER, IdFactory
@@ -43,16 +51,6 @@ from pynsqd.wire.message import HEADER, IdFactory
 log = logging.getLogger("pynsqd.shard")
 
 SCAN_INTERVAL = 0.1  # seconds, nsqd's QueueScanInterval
-
-
-def _maybe_sync(backend: Backend, now: int) -> None:
-    """A broker without a loop (no ``Syncer``) syncs inline; a failure is logged and the
-    queue's next scan retries."""
-    if isinstance(backend, DiskQueue):
-        try:
-            backend.maybe_sync(now)
-        except DiskQueueError as exc:
-            log.error("%s", exc)
 
 
 class BrokerError(Exception):
@@ -105,6 +103,8 @@ class Broker:
         self._backend_factory = backend_factory or (lambda name, ephemeral: DropBackend())
         self._queue_factory = queue_factory or self._process_queue
         self._dirty: dict[Any, None] = {}
+        self._timed: dict[Channel, None] = {}  # channels with something in flight or deferred
+        self._retrying: dict[Topic, None] = {}  # topics with a failed hand-on to retry
         # id(bodies) -> (bodies, how many of them are stored): a cross-shard batch stored in
         # part; its retry passes the same list and resumes after them (``_forward``)
         self._partial: dict[int, tuple[list[bytes], int]] = {}
@@ -169,24 +169,32 @@ class Broker:
         self._scan_handle = self._loop.call_later(SCAN_INTERVAL, self._scan)
 
     def _scan_once(self, now: int) -> None:
-        syncer = self.syncer
-        for topic in list(self.topics.values()):
-            self._sync_if_due(syncer, topic.queue.backend, now)
-            if topic.retry_due(now):
+        """One pass over what is active (see the module doc): timers, retries, syncs (last,
+        so a queue a timer wrote to is among them), client deadlines."""
+        timed = self._timed
+        for channel in list(timed):
+            if not channel.deleted and channel.has_timers:
+                channel.process_timers(now)
+            if channel.deleted or not channel.has_timers:
+                channel.timed = False
+                del timed[channel]
+        retrying = self._retrying
+        for topic in list(retrying):
+            if topic.deleted or not topic.retry_at:
+                del retrying[topic]
+            elif topic.retry_due(now):
                 self.schedule(topic)
-            for channel in list(topic.channels.values()):
-                if channel.has_timers:
-                    channel.process_timers(now)
-                self._sync_if_due(syncer, channel.queue.backend, now)
+        if self.syncer is not None:
+            self.syncer.scan(now)
         for client in list(self.clients):
             client.check_deadlines(now)
 
-    @staticmethod
-    def _sync_if_due(syncer: Syncer | None, backend: Backend, now: int) -> None:
-        if syncer is None:
-            _maybe_sync(backend, now)
-        elif isinstance(backend, DiskQueue):
-            syncer.maybe(backend, now)
+    def _watch_timers(self, channel: Channel) -> None:
+        channel.timed = True
+        self._timed[channel] = None
+
+    def _watch_retry(self, topic: Topic) -> None:
+        self._retrying[topic] = None
 
     # --- topics and channels --------------------------------------------------------------
     def _backend(self, queue_name: str, ephemeral: bool) -> Backend:
@@ -203,7 +211,7 @@ class Broker:
         topic = self.topics.get(name)
         if topic is None:
             queue = self._queue_factory("topic", name, self._backend(name, name.endswith("#ephemeral")))
-            topic = Topic(name, queue, self.schedule)
+            topic = Topic(name, queue, self.schedule, self._watch_retry)
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
             if queue.recovering and topic.recover():
@@ -217,7 +225,8 @@ class Broker:
             ephemeral = topic.ephemeral or name.endswith("#ephemeral")
             queue_name = f"{topic.name}:{name}"
             queue = self._queue_factory("channel", queue_name, self._backend(queue_name, ephemeral))
-            channel = Channel(topic.name, name, queue, self.schedule, self.opts.max_channel_consumers)
+            channel = Channel(topic.name, name, queue, self.schedule, self.opts.max_channel_consumers,
+                              self._watch_timers)
             if self.opts.e2e_processing_latency_percentile:
                 channel.e2e = LatencyWindow(self.opts.e2e_processing_latency_window_time,
                                             self.opts.e2e_processing_latency_percentile)

@@ -66,7 +66,8 @@ class Channel:
     """One channel of one topic."""
 
     def __init__(self, topic_name: str, name: str, queue: MessageQueue,
-                 schedule: Callable[[Channel], None], max_consumers: int = 0) -> None:
+                 schedule: Callable[[Channel], None], max_consumers: int = 0,
+                 on_timers: Callable[[Channel], None] | None = None) -> None:
         self.topic_name = topic_name
         self.name = name
         self.ephemeral = is_ephemeral(name)
@@ -87,6 +88,10 @@ class Channel:
         self.e2e: LatencyWindow | None = None  # set when e2e percentiles are configured
         self._schedule = schedule
         self._turn = 0
+        # told when the channel gets timers (something in flight or deferred): the owner's
+        # scan then calls ``process_timers`` until ``has_timers`` is false
+        self.on_timers = on_timers
+        self.timed = False  # the owner's scan watches it (set and cleared by the owner)
 
     def __repr__(self) -> str:
         return f"<Channel {self.topic_name}:{self.name}>"
@@ -98,6 +103,8 @@ class Channel:
         for pos, due_wall, record in self.queue.recover():
             self.deferred.push(now_mono + max(0, due_wall - now_wall), record)
             self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = pos
+        if self.deferred_at:
+            self._timers_added()
         return self.queue.ready + len(self.deferred_at) + self.queue.backend_depth
 
     def _moved(self, old: int, new: int, state: int, record: bytes) -> None:
@@ -137,6 +144,12 @@ class Channel:
             self.queue.defer(pos, wall)
         self.deferred.push(due, record)
         self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = pos
+        if not self.timed:
+            self._timers_added()
+
+    def _timers_added(self) -> None:
+        if not self.timed and self.on_timers is not None:
+            self.on_timers(self)
 
     # --- consumers ------------------------------------------------------------------------
     def add_consumer(self, client: Consumer) -> None:
@@ -214,6 +227,8 @@ class Channel:
         """``ids`` (at ``positions``) are in flight at ``client`` from ``now``."""
         delivery = Delivery(ids, client, now, now + client.msg_timeout)
         self.timeouts.add(delivery)
+        if not self.timed:
+            self._timers_added()
         in_flight = self.in_flight
         held = len(in_flight)
         in_flight.update(dict.fromkeys(ids, delivery))
@@ -315,6 +330,8 @@ class Channel:
                          min(now + client.msg_timeout, old.delivered + max_msg_timeout))
         self.timeouts.add(moved)
         self.in_flight[msg_id] = moved
+        if not self.timed:
+            self._timers_added()
 
     def _undefer(self, records: list[bytes]) -> None:
         """Due deferred messages become ready (in place when they have a log record)."""
@@ -334,6 +351,7 @@ class Channel:
                 for record in memory_only:  # still in the queue's journal
                     self.deferred.push(retry, record)
                     self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = -1
+                self._timers_added()
                 return
             self.queue.unjournal(memory_only)
 

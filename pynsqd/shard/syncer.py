@@ -12,8 +12,15 @@ only to take a snapshot), so the shard hands every sync to one worker thread:
 * ``request(queue)``: a sync fell due inside ``put_many``/``commit`` (``--sync-every``
   writes and reads, a roll, a file read past; ``DiskQueue.on_sync_due``) — it starts at
   once, or right after the one running for that queue;
-* ``maybe(queue, now)``: from the shard's 100 ms scan, when ``--sync-timeout`` has passed
-  with activity (``DiskQueue.sync_wanted``).
+* ``scan(now)``: from the shard's 100 ms scan, for each queue ``--sync-timeout`` after the
+  activity that made it unsynced (``DiskQueue.sync_wanted``).
+
+The scan looks only at the queues with something to sync, not at every queue of the shard:
+a queue joins ``unsynced`` when a write, commit or skip makes it unsynced
+(``DiskQueue.on_dirty``), when it is attached, and when a sync is asked for (a sync that
+fails leaves it unsynced); the scan drops it once it finds it synced with no sync running
+for it. Syncs change what a queue owes only inside ``sync``, that is while it is running,
+so a queue dropped is clean until its owner's next write, which adds it again.
 
 One thread, so syncs of a shard never compete with each other for the disk. The guarantee
 is go-diskqueue's as before: a ``put`` returns after ``write()``; a sync starts after every
@@ -64,14 +71,18 @@ class Syncer:
         self._loop = loop
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pynsqd-sync")
         self._states: weakref.WeakKeyDictionary[DiskQueue, _State] = weakref.WeakKeyDictionary()
+        self.unsynced: dict[DiskQueue, None] = {}  # what the scan looks at (insertion-ordered)
         self._closed = False
 
     def attach(self, queue: DiskQueue) -> None:
         """Run the syncs ``queue`` falls due for from now on here."""
         queue.on_sync_due = lambda: self.request(queue)
+        queue.on_dirty = lambda: self.unsynced.setdefault(queue)
+        self.unsynced[queue] = None  # it may have been written to before
 
     def request(self, queue: DiskQueue) -> None:
         """Sync ``queue`` now (or as soon as the sync running for it ends)."""
+        self.unsynced[queue] = None  # until the scan finds it synced (a failure leaves it unsynced)
         state = self._states.get(queue)
         if state is None:
             state = self._states[queue] = _State()
@@ -84,9 +95,21 @@ class Syncer:
         future = self._loop.run_in_executor(self._pool, queue.sync)
         future.add_done_callback(lambda fut: self._done(queue, state, fut))
 
+    def scan(self, now_ns: int) -> None:
+        """From the shard's scan: ``maybe`` for each queue with something to sync; forget
+        the queues found synced (or closed) with no sync running."""
+        states = self._states
+        for queue in list(self.unsynced):
+            if queue.unsynced:
+                self.maybe(queue, now_ns)
+            else:
+                state = states.get(queue)
+                if state is None or not state.running:
+                    del self.unsynced[queue]
+
     def maybe(self, queue: DiskQueue, now_ns: int) -> None:
-        """From the scan: sync if ``--sync-timeout`` has passed with activity (a failing
-        queue: once its back-off has passed too)."""
+        """Sync if ``--sync-timeout`` has passed with activity (a failing queue: once its
+        back-off has passed too)."""
         if not queue.sync_wanted(now_ns):
             return
         state = self._states.get(queue)

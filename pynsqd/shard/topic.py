@@ -45,7 +45,8 @@ Put = Callable[[Channel, list[bytes]], None]
 class Topic:
     """One topic and its channels."""
 
-    def __init__(self, name: str, queue: MessageQueue, schedule: Callable[[Any], None]) -> None:
+    def __init__(self, name: str, queue: MessageQueue, schedule: Callable[[Any], None],
+                 on_retry: Callable[[Topic], None] | None = None) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.channels: dict[str, Channel] = {}
@@ -61,6 +62,7 @@ class Topic:
         self.retry_at = 0  # monotonic ns of the next try after a failed hand-on (0: none)
         self._failures = 0
         self._schedule = schedule
+        self.on_retry = on_retry  # told when a retry is set: the owner's scan asks ``retry_due``
 
     def __repr__(self) -> str:
         return f"<Topic {self.name}>"
@@ -207,6 +209,8 @@ class Topic:
                       "retrying every %.0fs - %s", self.name, RETRY_NS / 1e9, exc)
         self._failures += 1
         self.retry_at = now + RETRY_NS
+        if self.on_retry is not None:
+            self.on_retry(self)
 
     def retry_due(self, now: int) -> bool:
         """True when a failed hand-on should be tried again (the owner's scan asks)."""

@@ -51,7 +51,8 @@ in another thread: the state lock is held only to take a snapshot, metadata rena
 ordered by a sequence number, and a snapshot older than one already persisted is dropped.
 A sync that falls due inside ``put_many`` or ``commit`` is handed to ``on_sync_due`` when
 the owner set it (a shard runs them on a worker thread: ``pynsqd.shard.syncer``), and run
-inline otherwise.
+inline otherwise. ``on_dirty`` tells the owner when a clean queue (nothing since the last
+sync) gets something to sync, so it need only look at those queues for ``maybe_sync``.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ class DiskQueue:
         self._persisted_seq = 0
         self._closed = False
         self.on_sync_due: Callable[[], None] | None = None  # runs due syncs elsewhere, if set
+        # called (on the caller's thread) when a write, commit or skip makes a clean queue unsynced
+        self.on_dirty: Callable[[], None] | None = None
         self._scanner = Scanner(name, data_path, min_msg_size, max_msg_size, self._log)
         try:
             state = self._scanner.open()
@@ -151,8 +154,11 @@ class DiskQueue:
             self._check_open()
             rolled = self._write_locked(records, lengths)
             self._depth += len(records)
+            dirtied = not self._count
             self._count += len(records)
             due = rolled or self._count >= self._sync_every
+        if dirtied:
+            self._dirtied()
         if due:
             self._sync_requested()
 
@@ -256,9 +262,12 @@ class DiskQueue:
             if count is not None and count < self._pending:
                 self._unpeek(count)
             self._committed = (self._read_file, self._read_pos)
+            dirtied = not self._count and self._pending > 0
             self._count += self._pending
             self._pending = 0
             due, self._sync_due = self._sync_due or self._count >= self._sync_every, False
+        if dirtied:
+            self._dirtied()
         if due:
             self._sync_requested()
 
@@ -306,7 +315,10 @@ class DiskQueue:
                                - self._scanner.scan_file(file_num, 0, pos)[0])
             else:
                 self._depth = max(0, self._depth - skipped)
+            dirtied = not self._count and skipped > 0
             self._count += skipped  # the next sync persists the position
+        if dirtied:
+            self._dirtied()
         self._log.info("DISKQUEUE(%s) resuming reading at %d:%d, past %d record(s) read before "
                        "the last sync", self.name, file_num, pos, skipped)
         return skipped
@@ -486,6 +498,15 @@ class DiskQueue:
     def sync_wanted(self, now_ns: int) -> bool:
         """Anything happened and ``sync_timeout`` has passed since the last sync (or attempt)."""
         return not self._closed and self._count > 0 and now_ns - self._last_sync_ns >= self._sync_timeout_ns
+
+    @property
+    def unsynced(self) -> bool:
+        """Anything happened since the last sync: ``sync_wanted`` becomes true with time."""
+        return not self._closed and self._count > 0
+
+    def _dirtied(self) -> None:
+        if self.on_dirty is not None:
+            self.on_dirty()
 
     def _sync_requested(self) -> None:
         """A sync is due (``sync_every``, a roll, a file read past): ``on_sync_due`` runs it
