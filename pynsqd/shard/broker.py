@@ -313,8 +313,7 @@ class Broker:
             records = [prefix + self.ids.next_id() + bodies[0]]
             size = len(bodies[0])
         else:
-            ids = self.ids.next_ids(len(bodies))
-            records = [prefix + msg_id + body for msg_id, body in zip(ids, bodies)]
+            records = self.ids.next_records(prefix, bodies)
             size = sum(map(len, bodies))
         router = self._remote(topic_name)
         if router is not None:

@@ -23,6 +23,12 @@ import struct
 import time
 from collections.abc import Callable
 
+from pynsqd.compiled import compiled_twin
+from pynsqd.wire import idrecords
+
+_twin = compiled_twin("pynsqd.wire._idrecords")
+_make_records = idrecords.make_records if _twin is None else _twin.make_records
+
 HEADER = struct.Struct(">qH16s")
 HEADER_SIZE = HEADER.size  # 26
 ATTEMPTS = struct.Struct(">H")
@@ -106,12 +112,13 @@ class IdFactory:
     def _now_tick(self) -> int:
         return (self._clock() >> 20) - _TWEPOCH
 
-    def next_ids(self, count: int) -> list[bytes]:
-        """``count`` new ids, increasing, as 16-byte ASCII hex."""
+    def _ranges(self, count: int) -> list[tuple[int, int]]:
+        """``count`` new ids as ranges ``(first id, how many)``, each counting up by
+        ``1 << shard bits``: one range unless the tick's sequence runs out in between."""
         now = self._now_tick()
         if now > self._tick:
             self._tick, self._seq = now, 0
-        out: list[bytes] = []
+        out: list[tuple[int, int]] = []
         prefix, shard, shard_bits = self._prefix, self._shard, self._shard_bits
         while count:
             room = self._seq_max - self._seq
@@ -120,14 +127,34 @@ class IdFactory:
                 self._seq = 0
                 room = self._seq_max
             take = min(room, count)
-            # the sequence field is zero below it, so ``|`` is ``+``: the ids are a range,
-            # packed and hex-encoded in one call and cut into 16s (no format call per id)
-            first = (self._tick << _TS_SHIFT) | prefix | shard | (self._seq << shard_bits)
-            digits = struct.pack(f">{take}Q", *range(first, first + (take << shard_bits), 1 << shard_bits)).hex()
-            text = digits.encode()
-            out.extend([text[i:i + 16] for i in range(0, 16 * take, 16)])
+            # the sequence field is zero below it, so ``|`` is ``+``: the ids are a range
+            out.append(((self._tick << _TS_SHIFT) | prefix | shard | (self._seq << shard_bits), take))
             self._seq += take
             count -= take
+        return out
+
+    def next_ids(self, count: int) -> list[bytes]:
+        """``count`` new ids, increasing, as 16-byte ASCII hex."""
+        out: list[bytes] = []
+        step = 1 << self._shard_bits
+        for first, take in self._ranges(count):
+            text = struct.pack(f">{take}Q", *range(first, first + take * step, step)).hex().encode()
+            out.extend([text[i:i + 16] for i in range(0, 16 * take, 16)])
+        return out
+
+    def next_records(self, prefix: bytes, bodies: list[bytes]) -> list[bytes]:
+        """One message per body, ``prefix`` (its timestamp and attempts) + a new id + the
+        body, the ids as ``next_ids`` makes them (``idrecords.make_records``, compiled
+        where built)."""
+        step = 1 << self._shard_bits
+        ranges = self._ranges(len(bodies))
+        if len(ranges) == 1:
+            return _make_records(prefix, ranges[0][0], step, bodies)
+        out: list[bytes] = []
+        at = 0
+        for first, take in ranges:
+            out.extend(_make_records(prefix, first, step, bodies[at:at + take]))
+            at += take
         return out
 
     def next_id(self) -> bytes:

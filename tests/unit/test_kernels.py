@@ -3,7 +3,8 @@
 return the same values, through wraps, empty runs, the largest records, attempts that carry
 and wrap, messages shorter than NSQ's header and corrupt frames. The MPUB scan's
 (``pynsqd.wire._mpubscan``, ``pynsqd.wire.mpubscan``): the same messages and errors at every
-point of a body's arrival. ``PYNSQD_PURE=1`` makes the callers pick the pure ones."""
+point of a body's arrival. The records' (``pynsqd.wire._idrecords``, ``pynsqd.wire.idrecords``):
+the same bytes for any bodies and id range. ``PYNSQD_PURE=1`` makes the callers pick the pure ones."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pynsqd.shm import logscan as pure
 from pynsqd.shm.frames import FRAME, FRAME_SIZE, RingError
 from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, MessageLog
 from pynsqd.shm.ring import HEADER_SIZE, buffer_size
-from pynsqd.wire import commands, mpubscan
+from pynsqd.wire import commands, idrecords, mpubscan
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.message import HEADER
 
@@ -289,3 +290,14 @@ def test_the_parser_splits_an_mpub_in_pieces_the_same_with_either_kernel() -> No
         outcomes.append(events)
     assert outcomes[0] == outcomes[1] and len(outcomes[0]) == 2
     assert [len(b) for b in outcomes[0][0][2]] == [3, 200, 1, 4096, 77]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=60), st.integers(0, (1 << 64) - 1 - 60 * 256),
+       st.sampled_from([1, 2, 4, 256]), st.binary(min_size=10, max_size=10))
+def test_records_compiled_and_pure_make_the_same_bytes(bodies: list[bytes], first: int, step: int,
+                                                       prefix: bytes) -> None:
+    twin = pytest.importorskip("pynsqd.wire._idrecords")
+    want = idrecords.make_records(prefix, first, step, bodies)
+    assert twin.make_records(prefix, first, step, bodies) == want
+    assert [r[10:26] for r in want] == [b"%016x" % (first + i * step) for i in range(len(bodies))]

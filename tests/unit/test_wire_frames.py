@@ -21,6 +21,7 @@ from pynsqd.wire.frames import (
     encode_response,
 )
 from pynsqd.wire.message import (
+    HEADER,
     HEADER_SIZE,
     IdFactory,
     decode_message,
@@ -303,3 +304,20 @@ def test_node_id_edges() -> None:
 def test_default_clock_is_real_time() -> None:
     a, b = IdFactory(9).next_ids(2)
     assert int(b, 16) > int(a, 16)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 256])
+def test_next_records_are_prefix_id_body_with_the_ids_next_ids_makes(shards: int) -> None:
+    prefix = HEADER.pack(123456789, 0, b"")[:10]
+    bodies = [bytes([i & 0xFF]) * (i % 7) for i in range(4096 + 300)]  # crosses a tick's sequence
+    records = IdFactory(9, shards - 1, shards, clock=FakeClock()).next_records(prefix, bodies)
+    ids = IdFactory(9, shards - 1, shards, clock=FakeClock()).next_ids(len(bodies))
+    assert records == [prefix + msg_id + body for msg_id, body in zip(ids, bodies)]
+    assert [decode_message(r)[2] for r in records[:3]] == ids[:3]
+
+
+def test_next_records_takes_any_bytes_like_body() -> None:
+    prefix = HEADER.pack(1, 0, b"")[:10]
+    records = IdFactory(1, clock=FakeClock()).next_records(prefix, [memoryview(b"abc"), bytearray(b"de")])
+    ids = IdFactory(1, clock=FakeClock()).next_ids(2)
+    assert records == [prefix + ids[0] + b"abc", prefix + ids[1] + b"de"]
