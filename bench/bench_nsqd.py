@@ -25,8 +25,9 @@ mpub32,sub32 / http / topics), with a fresh data path, free ports, ``--mem-queue
 and defaults otherwise (one shard a CPU), and stopped by pid after it. Node B, from the
 ``--compare-*`` flags, is optional; with it both nodes run the same scenario one after the
 other (A B, then B A on the next repeat), and the output ends with ``figure | A | B | B/A``.
-Before each scenario both nodes are let go idle (under 6% of a CPU), so that neither's
-leftover work counts. ``--repeat N`` prints medians of N runs.
+Before each scenario both nodes are let go idle (under 6% of a CPU) and the page cache's dirty
+pages are written back (``os.sync``), so that neither's leftover work, nor the kernel writing
+back the other's spilled messages, counts against it. ``--repeat N`` prints medians of N runs.
 
   .venv/bin/python bench/bench_nsqd.py --tree /path/to/base --compare-tree . --repeat 3
 """
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace, sides: list[Side]) -> dict[str, list[dict[str,
                     for s in order:
                         for target in targets.values():
                             target.settle()
+                        os.sync()  # the other node's spilled writes are not this one's to pay for
                         before = targets[s.label].meter.pids()
                         fig = SCENARIOS[name][1](targets[s.label], args)
                         if targets[s.label].meter.pids() != before:
