@@ -88,7 +88,8 @@ def shard_bits_for(shards: int) -> int:
 class IdFactory:
     """Makes message ids unique within a node, for one shard of it.
 
-    Call ``next_ids(n)`` for a batch (MPUB) or ``next_id()`` for one. ``clock`` returns
+    Call ``next_records(prefix, bodies)`` for a batch's messages (MPUB), ``next_ids(n)`` for ids
+    alone or ``next_id()`` for one. ``clock`` returns
     Unix time in nanoseconds (inject a fake one in tests). Raises ``ValueError`` for a node
     id outside [0,1024) or a shard outside [0,shards).
     """
@@ -135,12 +136,7 @@ class IdFactory:
 
     def next_ids(self, count: int) -> list[bytes]:
         """``count`` new ids, increasing, as 16-byte ASCII hex."""
-        out: list[bytes] = []
-        step = 1 << self._shard_bits
-        for first, take in self._ranges(count):
-            text = struct.pack(f">{take}Q", *range(first, first + take * step, step)).hex().encode()
-            out.extend([text[i:i + 16] for i in range(0, 16 * take, 16)])
-        return out
+        return self.next_records(b"", [b""] * count)
 
     def next_records(self, prefix: bytes, bodies: list[bytes]) -> list[bytes]:
         """One message per body, ``prefix`` (its timestamp and attempts) + a new id + the
