@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -207,3 +208,50 @@ def test_failed_batches_are_requeued_and_features_still_split(nsqd: Daemon, kind
 def test_batch_consumer_refuses_per_message_options() -> None:
     with pytest.raises(TypeError, match="no max_attempts option"):
         BatchConsumer("t", "c", lambda b: None, nsqd_tcp_addresses=["127.0.0.1:1"], max_attempts=3)
+
+
+def test_max_in_flight_beyond_max_rdy_count_opens_more_connections_to_one_nsqd(
+        nsqd_factory: Callable[..., Daemon]) -> None:
+    """nsqd caps each connection's RDY at --max-rdy-count; ``connections_per_nsqd=0`` opens as
+    many connections to it as ``max_in_flight`` needs, each an ordinary client with its own RDY,
+    so the consumer holds ``max_in_flight`` messages at once (a little more while the
+    connections come up: the first may fill its RDY before the others share the budget)."""
+    nsqd = nsqd_factory("--max-rdy-count=100")
+
+    async def main() -> None:
+        async with Producer(tcp(nsqd)) as p:
+            await p.multi_publish("wide", [b"w-%d" % i for i in range(1000)])
+        held: list[MessageBatch] = []
+        hold = True
+
+        def on_batch(batch: MessageBatch) -> None:
+            if hold:  # else returning FINs it
+                batch.disable_auto_response()
+            held.append(batch)
+
+        c = BatchConsumer("wide", "ch", on_batch, nsqd_tcp_addresses=[tcp(nsqd)], max_in_flight=450,
+                          connections_per_nsqd=0)
+        await c.start()
+        try:
+            await until(lambda: sum(len(b) for b in held) >= 450, what="450 held messages")
+            assert sorted(c.conns) == [tcp(nsqd)] + [f"{tcp(nsqd)}#{i}" for i in range(1, 5)]
+            assert {b.nsqd_address for b in held} == {tcp(nsqd)}
+            stats = channel_stats(nsqd, "wide", "ch")
+            assert stats["in_flight_count"] == sum(len(b) for b in held) and len(stats["clients"]) == 5
+            assert max(client["ready_count"] for client in stats["clients"]) <= 100
+            hold = False
+            for batch in held:
+                batch.finish()
+            await until(lambda: c.stats["finished"] == 1000 and c.in_flight == 0, what="every message FINed")
+            bodies = sorted(body for batch in held for body in batch.bodies())
+            assert bodies == sorted(b"w-%d" % i for i in range(1000))
+        finally:
+            await c.stop()
+        stats = channel_stats(nsqd, "wide", "ch")
+        assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (0, 0, 0)
+    run_async(main())
+
+
+def test_connections_per_nsqd_is_checked() -> None:
+    with pytest.raises(ValueError, match="connections_per_nsqd"):
+        BatchConsumer("t", "c", lambda b: None, nsqd_tcp_addresses=["127.0.0.1:1"], connections_per_nsqd=-1)

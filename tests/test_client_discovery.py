@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import httpx
 
-from pynsqd.client import Consumer, Producer
+from pynsqd.client import BatchConsumer, Consumer, MessageBatch, Producer
 from tests.conftest import run_async
 from tests.support.harness import Daemon, scaled
 from tests.test_client_library import tcp, until
@@ -47,5 +47,35 @@ def test_consumer_follows_lookupd_as_nodes_come_and_go(lookupd_factory: Callable
             await asyncio.to_thread(a.start)
             await until(lambda: set(c.conns) == {node_address(a)}, limit=15)
         finally:
+            await c.stop()
+    run_async(main())
+
+
+def test_consumer_opens_as_many_connections_to_each_discovered_nsqd_as_max_in_flight_needs(
+        lookupd_factory: Callable[..., Daemon], nsqd_factory: Callable[..., Daemon]) -> None:  # noqa: F811
+    lookupd = lookupd_factory()
+    nodes = [registered_nsqd(nsqd_factory, [lookupd], "--max-rdy-count=50") for _ in range(2)]
+    held: list[MessageBatch] = []
+
+    def on_batch(batch: MessageBatch) -> None:
+        batch.disable_auto_response()
+        held.append(batch)
+
+    async def main() -> None:
+        for node in nodes:
+            async with Producer(tcp(node)) as p:
+                await p.multi_publish("many", [b"m-%d" % i for i in range(500)])
+        await until(lambda: len(lookup(lookupd, "many")) == 2, what="both nodes registered")
+        c = BatchConsumer("many", "ch", on_batch, lookupd_http_addresses=[lookupd.http_url],
+                          max_in_flight=300, connections_per_nsqd=0)
+        await c.start()
+        try:
+            # each node's share, 150, needs three connections of RDY 50
+            await until(lambda: sum(len(b) for b in held) >= 300, what="300 held messages")
+            assert sorted(c.conns) == sorted(f"{node_address(n)}{tail}" for n in nodes for tail in ("", "#1", "#2"))
+            assert {b.nsqd_address for b in held} == {node_address(n) for n in nodes}
+        finally:
+            for batch in held:
+                batch.finish()
             await c.stop()
     run_async(main())

@@ -28,9 +28,11 @@ Public API (stable)::
                         low_rdy_idle_timeout=10.0, rdy_redistribute_interval=5.0,
                         reconnect_interval=1.0, max_reconnect_interval=60.0,
                         connect_timeout=5.0, identity=Identity(...),
+                        connections_per_nsqd=1,     # 0: enough that max_rdy_count never caps max_in_flight
                         **features)                 # TLS / compression / AUTH, below
     await consumer.start()
-    consumer.is_starved(); consumer.stats; consumer.in_flight; consumer.conns
+    consumer.is_starved(); consumer.stats; consumer.in_flight
+    consumer.conns          # by address; a second connection to one nsqd is "address#1", and so on
     await consumer.stop(grace=30.0)                      # graceful: CLS, wait, close
 
 Batch delivery, for high rates (no object or call per message; ``pynsqd.client.batch``)::

@@ -57,11 +57,11 @@ class BatchConsumer(Consumer):
         self.stats["received"] += count
         self._in_flight += count
         self._idle.clear()
-        self.rdy.on_message(conn.address, self._loop.time(), count)
+        self.rdy.on_message(conn.key, self._loop.time(), count)
         if not self.backoff.active and not self._stopping:
-            want = self.rdy.wants_update(conn.address)
+            want = self.rdy.wants_update(conn.key)
             if want is not None:  # a fresh connection's RDY 1 becomes its share at its first run
-                self._send_rdy(conn.address, want)
+                self._send_rdy(conn.key, want)
         batch = MessageBatch(self, conn, frames, offsets)
         if self._is_coroutine:
             self._track(self._run_batch(batch, None))

@@ -17,6 +17,16 @@ RDY is kept by ``pynsqd.client.rdy.RdyBook`` (pure state) and backoff by
 commands and timers. A timer every ``rdy_redistribute_interval`` rebalances RDY (it moves RDY
 away from idle connections when ``max_in_flight`` is smaller than the number of connections).
 
+Connections per nsqd. NSQ lets one consumer hold several connections to one nsqd on the same
+channel, each an ordinary client with its own RDY, and nsqd caps each connection's RDY at its
+``--max-rdy-count`` (2,500 by default). So a ``max_in_flight`` larger than that needs more
+than one connection: ``connections_per_nsqd=n`` keeps ``n`` to every nsqd, and ``0`` as many
+as this consumer's share of ``max_in_flight`` needs at each nsqd's ``max_rdy_count`` (learnt
+from the first connection's IDENTIFY reply; ``max_in_flight`` over the nsqds known, rounded
+up, at most ``MAX_CONNECTIONS_PER_NSQD``). Connection ``i`` of an nsqd is keyed ``address``
+for ``i == 0``, else ``address#i``, in ``conns`` and in the RDY book; each reconnects (or is
+rediscovered) on its own.
+
 Reconnection: a direct address is retried after ``reconnect_interval``, doubling per failure
 up to ``max_reconnect_interval``, with jitter (``pynsqd.backoff``). A discovered address is
 not retried: the next lookupd poll brings it back if it is still listed; a node that every
@@ -53,16 +63,26 @@ from pynsqd.wire.names import is_valid_channel_name, is_valid_topic_name
 
 log = logging.getLogger("pynsqd.client")
 
+MAX_CONNECTIONS_PER_NSQD = 256  # connections_per_nsqd=0: the most it opens to one nsqd
+
 Handler = Callable[[Message], "bool | Awaitable[bool | None] | None"]
 
 
+def conn_key(address: str, index: int) -> str:
+    """The key of connection ``index`` to ``address`` in ``Consumer.conns`` and its RDY book."""
+    return address if index == 0 else f"{address}#{index}"
+
+
 class _Conn:
-    """One subscribed connection to one nsqd."""
+    """One subscribed connection to one nsqd (``index``: which of the consumer's to it)."""
 
-    __slots__ = ("address", "discovered", "errors", "proto", "settings")
+    __slots__ = ("address", "discovered", "errors", "index", "key", "proto", "settings")
 
-    def __init__(self, address: str, proto: NSQProtocol, settings: dict[str, Any], discovered: bool) -> None:
+    def __init__(self, address: str, proto: NSQProtocol, settings: dict[str, Any], discovered: bool,
+                 index: int = 0) -> None:
         self.address = address
+        self.index = index
+        self.key = conn_key(address, index)
         self.proto = proto
         self.settings = settings
         self.discovered = discovered
@@ -86,7 +106,7 @@ class Consumer:
                  low_rdy_idle_timeout: float = 10.0, rdy_redistribute_interval: float = 5.0,
                  reconnect_interval: float = 1.0, max_reconnect_interval: float = 60.0,
                  connect_timeout: float = 5.0, identity: Identity | None = None,
-                 rng: random.Random | None = None,
+                 connections_per_nsqd: int = 1, rng: random.Random | None = None,
                  tls_v1: bool = False, tls_options: TLSOptions | ssl.SSLContext | None = None,
                  snappy: bool = False, deflate: bool = False, deflate_level: int = 6,
                  auth_secret: str | bytes = "") -> None:
@@ -100,6 +120,9 @@ class Consumer:
             raise ValueError("give nsqd_tcp_addresses or lookupd_http_addresses")
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
+        if connections_per_nsqd < 0:
+            raise ValueError("connections_per_nsqd must be >= 0 (0: as many as max_in_flight needs)")
+        self.connections_per_nsqd = connections_per_nsqd
         self.features = Features.make(tls_v1, tls_options, snappy, deflate, deflate_level, auth_secret)
         self.topic, self.channel, self.handler = topic, channel, handler
         self.max_attempts = max_attempts
@@ -113,12 +136,15 @@ class Consumer:
         self.rng = rng or random.Random()
         self.rdy = RdyBook(max_in_flight, low_rdy_idle_timeout)
         self.backoff = Backoff(backoff_multiplier, max_backoff_duration)
-        self.conns: dict[str, _Conn] = {}
+        self.conns: dict[str, _Conn] = {}  # by conn_key
+        self._max_rdy: dict[str, int] = {}  # nsqd address → its max_rdy_count (IDENTIFY)
+        self._nsqds: set[str] = set(self.nsqd_tcp_addresses)  # addresses known (direct or last lookup)
+        self._direct_keys: set[str] = set()  # direct connections with a task keeping them up
         self.stats = {"received": 0, "finished": 0, "requeued": 0, "discarded": 0, "connects": 0,
                       "errors": 0}  # errors: nsqd's E_FIN_FAILED/E_REQ_FAILED/E_TOUCH_FAILED answers
         self._tasks: set[asyncio.Task[Any]] = set()
         self._handler_tasks: set[asyncio.Task[Any]] = set()
-        self._pending: set[str] = set()  # discovered addresses being connected
+        self._pending: set[str] = set()  # keys of discovered connections being made
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -150,6 +176,7 @@ class Consumer:
         self._loop = asyncio.get_running_loop()
         first = [asyncio.Event() for _ in self.nsqd_tcp_addresses]
         for address, attempted in zip(self.nsqd_tcp_addresses, first):
+            self._direct_keys.add(address)
             self._spawn(self._direct(address, attempted))
         if self.lookupd_http_addresses:
             self._http = nsq_http.make_client(self.connect_timeout, self.connect_timeout * 2)
@@ -201,7 +228,28 @@ class Consumer:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _connect(self, address: str, discovered: bool) -> _Conn:
+    def connections_for(self, address: str) -> int:
+        """How many connections this consumer keeps to the nsqd at ``address``."""
+        if self.connections_per_nsqd:
+            return self.connections_per_nsqd
+        max_rdy = self._max_rdy.get(address)
+        if not max_rdy:
+            return 1  # the first connection's IDENTIFY reply tells
+        share = -(-self.max_in_flight // max(1, len(self._nsqds)))
+        return max(1, min(MAX_CONNECTIONS_PER_NSQD, -(-share // max_rdy)))
+
+    def _more_connections(self, address: str, discovered: bool) -> None:
+        """Start the connections to ``address`` that ``connections_for`` wants and nothing makes."""
+        for index in range(1, self.connections_for(address)):
+            key = conn_key(address, index)
+            if discovered and key not in self.conns and key not in self._pending:
+                self._pending.add(key)
+                self._spawn(self._discovered(address, index))
+            elif not discovered and key not in self._direct_keys:
+                self._direct_keys.add(key)
+                self._spawn(self._direct(address, asyncio.Event(), index))
+
+    async def _connect(self, address: str, discovered: bool, index: int = 0) -> _Conn:
         proto, settings = await open_connection(address, self.identity.to_json(), self.connect_timeout,
                                                 self.features)
         try:
@@ -212,18 +260,21 @@ class Consumer:
         if self._stopping:
             proto.close()
             raise ClientClosedError("consumer is stopping")
-        conn = _Conn(address, proto, settings, discovered)
+        conn = _Conn(address, proto, settings, discovered, index)
         self._attach(conn)
-        proto.on_error = conn.errors = ErrorSummary(address, on_count=self._count_error)
-        self.conns[address] = conn
+        proto.on_error = conn.errors = ErrorSummary(conn.key, on_count=self._count_error)
+        self.conns[conn.key] = conn
         self.stats["connects"] += 1
         max_rdy = int(settings.get("max_rdy_count", DEFAULT_MAX_RDY_COUNT))
-        self.rdy.add(address, max_rdy, self._loop.time())
-        log.info("%s: subscribed to %s/%s", address, self.topic, self.channel)
+        self._max_rdy[address] = max_rdy
+        self.rdy.add(conn.key, max_rdy, self._loop.time())
+        log.info("%s: subscribed to %s/%s", conn.key, self.topic, self.channel)
         if self.backoff.active:
-            self._send_rdy(address, 0)
+            self._send_rdy(conn.key, 0)
         else:
             self._apply(self.rdy.rebalance(self._loop.time(), self.rng))
+        if index == 0:
+            self._more_connections(address, discovered)
         return conn
 
     def _count_error(self, error: ResponseError) -> None:
@@ -232,21 +283,21 @@ class Consumer:
     def _lost(self, conn: _Conn) -> None:
         if conn.errors is not None:
             conn.errors.close()
-        if self.conns.get(conn.address) is conn:
-            del self.conns[conn.address]
-            self.rdy.remove(conn.address)
+        if self.conns.get(conn.key) is conn:
+            del self.conns[conn.key]
+            self.rdy.remove(conn.key)
             if not self._stopping and not self.backoff.active:
                 self._apply(self.rdy.rebalance(self._loop.time(), self.rng))
 
-    async def _direct(self, address: str, attempted: asyncio.Event) -> None:
+    async def _direct(self, address: str, attempted: asyncio.Event, index: int = 0) -> None:
         retry = RetryBackoff(self.reconnect_interval, self.max_reconnect_interval, rng=self.rng)
         while not self._stopping:
             try:
-                conn = await self._connect(address, discovered=False)
+                conn = await self._connect(address, discovered=False, index=index)
             except (NSQError, ValueError) as exc:
                 attempted.set()
                 delay = retry.failed()
-                log.warning("%s: %s; retrying in %.1fs", address, exc, delay)
+                log.warning("%s: %s; retrying in %.1fs", conn_key(address, index), exc, delay)
                 await asyncio.sleep(delay)
                 continue
             attempted.set()
@@ -255,30 +306,37 @@ class Consumer:
             self._lost(conn)
             if not self._stopping:
                 delay = retry.failed()
-                log.warning("%s: connection lost; reconnecting in %.1fs", address, delay)
+                log.warning("%s: connection lost; reconnecting in %.1fs", conn.key, delay)
                 await asyncio.sleep(delay)
 
-    async def _discovered(self, address: str) -> None:
+    async def _discovered(self, address: str, index: int = 0) -> None:
+        key = conn_key(address, index)
         try:
-            conn = await self._connect(address, discovered=True)
+            conn = await self._connect(address, discovered=True, index=index)
         except (NSQError, ValueError) as exc:
-            log.warning("%s: %s (will retry if lookupd still lists it)", address, exc)
+            log.warning("%s: %s (will retry if lookupd still lists it)", key, exc)
             return
         finally:
-            self._pending.discard(address)
+            self._pending.discard(key)
         await conn.proto.closed.wait()
         self._lost(conn)
 
     async def _poll_once(self) -> None:
         result = await lookup(self._http, self.lookupd_http_addresses, self.topic)
+        if result.complete:
+            self._nsqds = set(self.nsqd_tcp_addresses) | set(result.producers)
+        else:
+            self._nsqds |= set(result.producers)
         for address in sorted(result.producers):
             if address not in self.conns and address not in self._pending:
                 self._pending.add(address)
                 self._spawn(self._discovered(address))
+            elif address in self.conns:
+                self._more_connections(address, discovered=True)
         if result.complete:
-            for address, conn in list(self.conns.items()):
-                if conn.discovered and address not in result.producers:
-                    log.info("%s: no longer listed by any lookupd; closing", address)
+            for conn in list(self.conns.values()):
+                if conn.discovered and conn.address not in result.producers:
+                    log.info("%s: no longer listed by any lookupd; closing", conn.key)
                     self._spawn(self._drop(conn))
 
     async def _drop(self, conn: _Conn) -> None:
@@ -319,17 +377,17 @@ class Consumer:
                 await conn.proto.command(CLS, self.connect_timeout)
 
     # --- RDY ------------------------------------------------------------------------------
-    def _send_rdy(self, address: str, count: int) -> None:
-        sent = self.rdy.set(address, count, self._loop.time())
+    def _send_rdy(self, key: str, count: int) -> None:
+        sent = self.rdy.set(key, count, self._loop.time())
         if sent is not None:
-            self._conn_send(address, encode_rdy(sent))
+            self._conn_send(key, encode_rdy(sent))
 
     def _apply(self, changes: list[tuple[Any, int]]) -> None:
-        for address, count in changes:
-            self._conn_send(address, encode_rdy(count))
+        for key, count in changes:
+            self._conn_send(key, encode_rdy(count))
 
-    def _conn_send(self, address: str, data: bytes) -> None:
-        conn = self.conns.get(address)
+    def _conn_send(self, key: str, data: bytes) -> None:
+        conn = self.conns.get(key)
         if conn is not None:
             conn.send(data)
 
@@ -338,8 +396,8 @@ class Consumer:
             return
         now = self._loop.time()
         if action is Action.PAUSE:
-            for address in list(self.conns):
-                self._send_rdy(address, 0)
+            for key in list(self.conns):
+                self._send_rdy(key, 0)
             if self._backoff_timer is not None:
                 self._backoff_timer.cancel()
             delay = max(0.0, (self.backoff.deadline or now) - now)
@@ -376,7 +434,7 @@ class Consumer:
         self.stats["received"] += 1
         self._in_flight += 1
         self._idle.clear()
-        self.rdy.on_message(conn.address, self._loop.time())
+        self.rdy.on_message(conn.key, self._loop.time())
         msg = Message(self, conn, msg_id, body, attempts, timestamp)
         if 0 < self.max_attempts < attempts:
             self.stats["discarded"] += 1
@@ -460,15 +518,15 @@ class Consumer:
         if self._in_flight <= 0:
             self._in_flight = 0
             self._idle.set()
-        if self.conns.get(conn.address) is not conn:
+        if self.conns.get(conn.key) is not conn:
             return
-        self.rdy.on_done(conn.address, count)
+        self.rdy.on_done(conn.key, count)
         if success is not None and not self._stopping:
             self._backoff_action(self.backoff.result(success, self._loop.time()))
         if not self.backoff.active and not self._stopping:
-            want = self.rdy.wants_update(conn.address)
+            want = self.rdy.wants_update(conn.key)
             if want is not None:
-                self._send_rdy(conn.address, want)
+                self._send_rdy(conn.key, want)
 
 
 __all__ = ["Consumer", "Handler", "ResponseError"]

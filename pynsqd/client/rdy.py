@@ -56,18 +56,22 @@ class RdyBook:
         self.max_in_flight = max_in_flight
         self.low_rdy_idle_timeout = low_rdy_idle_timeout
         self.conns: dict[Hashable, ConnRdy] = {}
+        self._total = 0  # sum of the conns' rdy, kept as they change (a consumer may hold hundreds)
 
     # --- membership -------------------------------------------------------------------------
     def add(self, key: Hashable, max_rdy: int, now: float) -> None:
+        self.remove(key)
         self.conns[key] = ConnRdy(max_rdy=max(0, max_rdy), last_active=now)
 
     def remove(self, key: Hashable) -> None:
-        self.conns.pop(key, None)
+        conn = self.conns.pop(key, None)
+        if conn is not None:
+            self._total -= conn.rdy
 
     @property
     def total(self) -> int:
         """Sum of the RDY counts last sent."""
-        return sum(c.rdy for c in self.conns.values())
+        return self._total
 
     @property
     def in_flight(self) -> int:
@@ -101,6 +105,7 @@ class RdyBook:
             return None
         if conn.rdy == 0 and count > 0:
             conn.last_active = now
+        self._total += count - conn.rdy
         conn.rdy = count
         conn.received = 0
         return count
