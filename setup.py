@@ -1,5 +1,5 @@
 """The compiled kernels (``pynsqd/shm/_logscan.pyx``, ``pynsqd/wire/_mpubscan.pyx``,
-``pynsqd/wire/_idrecords.pyx``), built
+``pynsqd/wire/_idrecords.pyx``, ``pynsqd/wire/_frameruns.pyx``), built
 when Cython and a C compiler are at hand; without either the install goes on with the
 pure-Python twins (``pynsqd.compiled`` picks whichever is there). Everything else is in
 pyproject.toml."""
@@ -16,7 +16,8 @@ try:
 except ImportError:  # no Cython: nothing to compile
     cythonize = None
 
-KERNELS = ["pynsqd/shm/_logscan.pyx", "pynsqd/wire/_mpubscan.pyx", "pynsqd/wire/_idrecords.pyx"]
+KERNELS = ["pynsqd/shm/_logscan.pyx", "pynsqd/wire/_mpubscan.pyx", "pynsqd/wire/_idrecords.pyx",
+           "pynsqd/wire/_frameruns.pyx"]
 
 
 class OptionalBuildExt(build_ext):

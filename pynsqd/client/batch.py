@@ -7,7 +7,9 @@ hundred thousand messages a second that object and call are most of a consumer's
 batch mode (``BatchConsumer``) a connection's reads are split by ``FrameSplitter`` (sans-IO,
 like ``pynsqd.wire.frames.FrameParser``) into *runs*: consecutive message frames kept as one
 ``bytes`` object plus a list of frame offsets, the frames never copied apart or decoded. The
-only per-message work is reading each frame's 8-byte header to find the next one. Other
+only per-message work is reading each frame's 8-byte header to find the next one, and
+answering a run writes one ``FIN <id>`` line per message: both loops are kernels
+(``pynsqd.wire.frameruns``, compiled where built). Other
 frames (responses, heartbeats, errors) come out one by one, in stream order between the runs.
 
 A ``MessageBatch`` is one run on one connection::
@@ -29,6 +31,8 @@ import struct
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from pynsqd.compiled import compiled_twin
+from pynsqd.wire import frameruns
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.frames import FRAME_MESSAGE, Frame
 from pynsqd.wire.message import HEADER, HEADER_SIZE
@@ -44,6 +48,9 @@ MIN_MESSAGE_FRAME = FRAME_HEADER_SIZE + HEADER_SIZE  # 34: a message frame with 
 ID_START = FRAME_HEADER_SIZE + 10  # the 16-byte id, counted from the frame's first byte
 ID_END = ID_START + 16
 RawMessage = tuple[int, int, bytes, bytes]  # timestamp_ns, attempts, id, body
+_twin = compiled_twin("pynsqd.wire._frameruns")
+scan_messages = frameruns.scan_messages if _twin is None else _twin.scan_messages
+id_commands = frameruns.id_commands if _twin is None else _twin.id_commands
 
 
 class MessageRun:
@@ -84,6 +91,9 @@ class FrameSplitter:
         pos, end, limit = 0, len(buf), self._max
         unpack = _FRAME.unpack_from
         while end - pos >= 8:
+            pos = scan_messages(buf, pos, limit, offsets)  # the run's message frames, at C speed
+            if end - pos < 8:
+                break
             size, frame_type = unpack(buf, pos)
             nxt = pos + 4 + size
             if size < 4 or size > limit or (frame_type == FRAME_MESSAGE and nxt - pos < MIN_MESSAGE_FRAME):
@@ -247,11 +257,4 @@ class MessageBatch:
         return hi > lo
 
 
-def join_commands(verb: bytes, ids: list[bytes]) -> bytes:
-    """``VERB id\\n`` for every id, as one byte string (one join, no per-id formatting)."""
-    if not ids:
-        return b""
-    return verb + b" " + (b"\n" + verb + b" ").join(ids) + b"\n"
-
-
-__all__ = ["FrameSplitter", "MessageBatch", "MessageRun", "join_commands"]
+__all__ = ["FrameSplitter", "MessageBatch", "MessageRun", "id_commands"]

@@ -30,7 +30,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pynsqd.client.batch import MessageBatch, join_commands
+from pynsqd.client.batch import MessageBatch, id_commands
 from pynsqd.client.consumer import Consumer, _Conn
 
 log = logging.getLogger("pynsqd.client")
@@ -95,7 +95,7 @@ class BatchConsumer(Consumer):
 
     # --- answers (called by MessageBatch) ----------------------------------------------------
     def _finish_batch(self, batch: MessageBatch) -> None:
-        batch._conn.send(join_commands(b"FIN", batch.ids()))
+        batch._conn.send(id_commands(b"FIN", batch.frames, batch.offsets))
         self.stats["finished"] += len(batch)
         self._answered(batch._conn, len(batch), True)
 
@@ -111,7 +111,7 @@ class BatchConsumer(Consumer):
         self._answered(batch._conn, len(batch), False if backoff else None)
 
     def _touch_batch(self, batch: MessageBatch) -> None:
-        batch._conn.send(join_commands(b"TOUCH", batch.ids()))
+        batch._conn.send(id_commands(b"TOUCH", batch.frames, batch.offsets))
 
 
 __all__ = ["BatchConsumer", "BatchHandler"]

@@ -4,7 +4,9 @@ return the same values, through wraps, empty runs, the largest records, attempts
 and wrap, messages shorter than NSQ's header and corrupt frames. The MPUB scan's
 (``pynsqd.wire._mpubscan``, ``pynsqd.wire.mpubscan``): the same messages and errors at every
 point of a body's arrival. The records' (``pynsqd.wire._idrecords``, ``pynsqd.wire.idrecords``):
-the same bytes for any bodies and id range. ``PYNSQD_PURE=1`` makes the callers pick the pure ones."""
+the same bytes for any bodies and id range. The frame runs' (``pynsqd.wire._frameruns``,
+``pynsqd.wire.frameruns``): the same message frames found in any stream cut anywhere, and the
+same answer lines. ``PYNSQD_PURE=1`` makes the callers pick the pure ones."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from pynsqd.shm import logscan as pure
 from pynsqd.shm.frames import FRAME, FRAME_SIZE, RingError
 from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, MessageLog
 from pynsqd.shm.ring import HEADER_SIZE, buffer_size
-from pynsqd.wire import commands, idrecords, mpubscan
+from pynsqd.wire import commands, frameruns, idrecords, mpubscan
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.message import HEADER
 
@@ -214,13 +216,14 @@ def test_any_sequence_of_appends_deliveries_fins_and_releases(ops: list[tuple[in
 
 def test_pynsqd_pure_picks_the_pure_kernels() -> None:
     code = ("import pynsqd.shm.kernels as k, pynsqd.shm.logscan as p, pynsqd.wire.commands as c;"
-            "print(k.COMPILED, k.find is p.find, c._scan_bodies.__module__)")
+            "import pynsqd.client.batch as b;"
+            "print(k.COMPILED, k.find is p.find, c._scan_bodies.__module__, b.scan_messages.__module__)")
     env = {**os.environ, "PYNSQD_PURE": "1"}
     forced = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert forced.stdout.split() == ["False", "True", "pynsqd.wire.mpubscan"]
+    assert forced.stdout.split() == ["False", "True", "pynsqd.wire.mpubscan", "pynsqd.wire.frameruns"]
     env.pop("PYNSQD_PURE")
     default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert default.stdout.split() == ["True", "False", "pynsqd.wire._mpubscan"]
+    assert default.stdout.split() == ["True", "False", "pynsqd.wire._mpubscan", "pynsqd.wire._frameruns"]
     assert compiled.HEADER_SIZE == HEADER_SIZE
 
 
@@ -301,3 +304,48 @@ def test_records_compiled_and_pure_make_the_same_bytes(bodies: list[bytes], firs
     want = idrecords.make_records(prefix, first, step, bodies)
     assert twin.make_records(prefix, first, step, bodies) == want
     assert [r[10:26] for r in want] == [b"%016x" % (first + i * step) for i in range(len(bodies))]
+
+
+# -- frame runs --------------------------------------------------------------------------------
+
+def frame(frame_type: int, size: int, fill: int) -> bytes:
+    """A frame whose size field says ``size`` (its data ``size - 4`` bytes of ``fill``)."""
+    return struct.pack(">ii", size, frame_type) + bytes([fill & 0xFF]) * max(0, size - 4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 2, 2, 2, 7]), st.integers(0, 200)), max_size=40),
+       st.integers(0, 300), st.integers(0, 50), st.sampled_from([30, 100, 1 << 20]))
+def test_frame_runs_compiled_and_pure_find_the_same_messages(frames: list[tuple[int, int]], cut: int, start: int,
+                                                             limit: int) -> None:
+    twin = pytest.importorskip("pynsqd.wire._frameruns")
+    stream = b"".join(frame(t, size, i) for i, (t, size) in enumerate(frames))
+    buf = bytearray(stream[:max(0, len(stream) - cut)])  # the stream cut anywhere, maybe mid-frame
+    start = min(start, len(buf))
+    results = []
+    for impl in (frameruns, twin):
+        offsets = [7]  # appended to, not replaced
+        results.append((impl.scan_messages(buf, start, limit, offsets), offsets))
+    assert results[0] == results[1]
+    pos, offsets = results[0]
+    assert all(buf[o + 7] == 2 for o in offsets[1:])  # each one a message frame
+    assert pos == (offsets[-1] + 4 + struct.unpack_from(">i", buf, offsets[-1])[0] if len(offsets) > 1 else start)
+
+
+def test_frame_runs_answer_lines_are_the_same_and_checked_alike() -> None:
+    twin = pytest.importorskip("pynsqd.wire._frameruns")
+    frames = b"".join(struct.pack(">ii", 30 + n, 2) + b"t" * 10 + b"%016x" % i + b"b" * n
+                      for i, n in enumerate([0, 5, 100]))
+    offsets = [0, 34, 73, len(frames)]
+    for verb in (b"FIN", b"TOUCH"):
+        want = b"".join(verb + b" %016x\n" % i for i in range(3))
+        assert frameruns.id_commands(verb, frames, offsets) == twin.id_commands(verb, frames, offsets) == want
+        assert twin.id_commands(verb, frames, offsets[1:3]) == verb + b" %016x\n" % 1
+        assert frameruns.id_commands(verb, frames, [0]) == twin.id_commands(verb, frames, []) == b""
+    for bad in ([len(frames) - 20, len(frames)], [-1, 3]):
+        errors = []
+        for impl in (frameruns, twin):
+            with pytest.raises(ValueError) as caught:
+                impl.id_commands(b"FIN", frames, bad)
+            errors.append(str(caught.value))
+        assert errors[0] == errors[1]
