@@ -15,13 +15,15 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from pynsqd.client import http as nsq_http
 from pynsqd.client.errors import NSQError
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("pynsqd.client")
 

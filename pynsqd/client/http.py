@@ -2,17 +2,20 @@
 
 ``request`` is the one place where ``httpx`` transport errors become ``ConnectError`` /
 ``NSQTimeoutError`` / ``TransportError`` and a non-2xx answer becomes ``HTTPError`` with NSQ's
-message code (nsqd answers ``{"message": "<CODE>"}``).
+message code (nsqd answers ``{"message": "<CODE>"}``). ``httpx`` is imported by the first
+client made (a quarter of a second): a process that only speaks TCP never pays for it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from pynsqd.client.errors import ConnectError, HTTPError, NSQTimeoutError, TransportError
+
+if TYPE_CHECKING:
+    import httpx
 
 
 def base_url(address: str) -> str:
@@ -36,6 +39,8 @@ async def request(client: httpx.AsyncClient, method: str, url: str, *,
                   headers: dict[str, str] | None = None, ok_statuses: tuple[int, ...] = ()
                   ) -> httpx.Response:
     """Make one request; raise ``HTTPError`` for a status outside 2xx and ``ok_statuses``."""
+    import httpx
+
     try:
         response = await client.request(method, url, params=params, content=content, headers=headers)
     except httpx.TimeoutException as exc:
@@ -51,4 +56,6 @@ async def request(client: httpx.AsyncClient, method: str, url: str, *,
 
 def make_client(connect_timeout: float = 2.0, request_timeout: float = 5.0) -> httpx.AsyncClient:
     """An ``httpx.AsyncClient`` with NSQ's utility defaults (2 s connect, 5 s request)."""
+    import httpx
+
     return httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=connect_timeout))
