@@ -219,6 +219,35 @@ def test_first_batch_carries_the_messages_already_waiting(
     assert first["numInputRows"] > 0, f"batch 0 was empty: {first}"
 
 
+def test_at_its_defaults_a_batch_is_not_capped_by_nsqds_max_rdy_count(
+        spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """nsqd at its defaults lets one connection hold 2,500 messages; the source at its defaults
+    holds several batches of 100,000 over as many connections to it as that takes."""
+    nsqd = nsqd_factory()
+    total = 120_000
+    for what, params in (("topic", {"topic": "wide"}), ("channel", {"topic": "wide", "channel": "spark"})):
+        httpx.post(f"{nsqd.http_url}/{what}/create", params=params).raise_for_status()
+    publish(nsqd, "wide", (b"w%06d" % i for i in range(total)), chunk=10_000)
+    query = (stream(spark, nsqd, "wide", "spark").writeStream.format("noop")
+             .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    try:
+        clients = 0
+
+        def drained() -> bool:
+            nonlocal clients
+            stats = channel_stats(nsqd, "wide", "spark")
+            clients = max(clients, len(stats.get("clients") or []))
+            return stats.get("finish_count") == total and stats["depth"] == 0 and stats["in_flight_count"] == 0
+        wait_for(drained, timeout=180, interval=0.5, what="every message FINed")
+        assert query.exception() is None
+        rows = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    finally:
+        query.stop()
+    assert sum(rows) == total
+    assert max(rows) > 10 * 2500, rows  # one connection's RDY would cap a batch near a third of 2,500
+    assert clients > 1
+
+
 def test_min_batch_makes_fewer_fuller_batches_and_max_batch_delay_sends_the_rest(
         spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
     """``minBatch``: while messages trickle in, no batch is planned until that many are
@@ -322,6 +351,7 @@ def test_pipeline_command_from_the_readme_survives_a_kill_and_restart(
         wait_for(all_there, timeout=180, interval=1.0, what="every message after the restart")
         wait_for(lambda: re.search(r"batch \d+ rows \d+ rows/s [\d,]+ lag", second.output()), timeout=30,
                  interval=0.2, what="a progress line")
+        assert re.search(r"first rows committed [\d.]+s after start \(batch \d+, \d+ rows\)", second.output())
     finally:
         code = second.interrupt()
     assert code == 0, second.output()

@@ -8,11 +8,17 @@ are coroutines run on the loop with ``LoopThread.call``). The consumer delivers
 ``MessageBatch``es — a read's run of undecoded message frames from one nsqd — with auto-response
 disabled; they are queued as they are, so no Python object exists per message.
 
+The consumer holds ``maxInFlight`` messages (two Spark batches and what arrives meanwhile:
+300,000 at the defaults) although nsqd lets one connection hold only its ``--max-rdy-count``
+(2,500 by default): it keeps as many connections to each nsqd as that takes
+(``connections_per_nsqd=0``), each an ordinary client with its own RDY on the same channel.
+
 ``take(n)`` pops batches until ``n`` messages are taken, slicing the last one (``batch[:k]``
 goes, ``batch[k:]`` stays queued; slices share the frames). ``finish(batches)`` FINs each
 batch — one joined write per batch, on the connection that delivered it — once its Spark
-batch is committed. A batch whose connection died meanwhile sends nothing: nsqd already gave
-those messages back and delivers them again, so nothing is lost.
+batch is committed; it returns at once and the FINs are written on the loop thread while
+Spark plans the next batch. A batch whose connection died meanwhile sends nothing: nsqd
+already gave those messages back and delivers them again, so nothing is lost.
 
 Every held batch — queued or taken — is TOUCHed (one joined write) once it has been held for
 half the message timeout, so a slow Spark batch (or a long wait for the next trigger) does
@@ -57,7 +63,7 @@ class Feed:
         self._consumer = BatchConsumer(
             self.opts.topic, self.opts.channel, self._on_batch,
             nsqd_tcp_addresses=self.opts.nsqd, lookupd_http_addresses=self.opts.lookupd,
-            max_in_flight=self.opts.max_in_flight, lookupd_poll_interval=15.0,
+            max_in_flight=self.opts.max_in_flight, connections_per_nsqd=0, lookupd_poll_interval=15.0,
             identity=Identity(msg_timeout=self.opts.msg_timeout_ms, user_agent="pynsqd.spark"),
         )
         # start() waits up to connect_timeout for the first connections; messages flow as soon as
@@ -131,11 +137,12 @@ class Feed:
         return out
 
     def finish(self, batches: list[MessageBatch]) -> None:
-        """FIN every message of ``batches`` (their Spark batch is committed); returns once the
-        FINs were handed to the connections."""
-        self._lt.call(self._finish(batches))
+        """FIN every message of ``batches`` (their Spark batch is committed). Returns at once:
+        the FINs are written on the loop thread while Spark plans the next batch (a later
+        ``take``, TOUCH or ``close`` runs after them)."""
+        self._lt.soon(lambda: self._finish(batches))
 
-    async def _finish(self, batches: list[MessageBatch]) -> None:
+    def _finish(self, batches: list[MessageBatch]) -> None:
         held = self._held
         trace.event("fin.in", batches=len(batches))
         for batch in batches:

@@ -5,6 +5,8 @@ Spark calls data source methods synchronously (the driver-side runner, executor 
 ``call(coro)`` runs a coroutine there and blocks for its result, and ``soon(fn)`` schedules a
 plain callback. One per process (``shared()``): executor Python workers are reused across
 tasks, so their NSQ connections are kept here as an optimisation only — never delivery state.
+The loop is uvloop's, as everywhere in pynsqd: the driver-side runner reads every message of
+the stream on it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+import uvloop
+
 T = TypeVar("T")
 
 
 class LoopThread:
     def __init__(self, name: str = "pynsqd-spark-loop") -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

@@ -13,8 +13,14 @@ from dataclasses import dataclass
 
 from pynsqd.wire.names import is_valid_name
 
-DEFAULT_MAX_IN_FLIGHT = 2500  # nsqd's default --max-rdy-count: the most one connection may hold
-DEFAULT_MAX_BATCH_DELAY_MS = 1000  # with minBatch: a smaller batch goes after this long
+# Spark's cost per micro-batch is mostly fixed (planning, task launch, the sink's and the logs'
+# commits: a few hundred ms on local[2]), so a batch carries about as many rows as a cycle
+# costs: at 100,000 rows of 100 B a cycle on local[2] is ~0.4 s of Spark's own time with the
+# ceiling's rate source.
+DEFAULT_MAX_BATCH = 100_000
+# A batch stays in flight until the next one is planned: two batches and what arrives meanwhile.
+IN_FLIGHT_PER_BATCH = 3
+DEFAULT_MAX_BATCH_DELAY_MS = 1000  # a batch smaller than minBatch goes after this long
 
 
 def _list(opts: Mapping[str, str], *names: str) -> list[str]:
@@ -63,7 +69,7 @@ class SourceOptions:
     partitions: int
     driver_host: str = ""  # "": chosen like spark.driver.host (server.default_host)
     driver_port: int = 0  # 0: any free port
-    min_batch: int = 0  # 0: a batch takes whatever arrived since the last one
+    min_batch: int = 0  # 0: a batch takes whatever arrived since the last one (parse: maxBatch)
     max_batch_delay_ms: int = 0
 
     @classmethod
@@ -72,15 +78,21 @@ class SourceOptions:
         lookupd = _list(opts, "lookupdHTTPAddresses", "lookupd")
         if not nsqd and not lookupd:
             raise ValueError("option nsqdTCPAddresses or lookupdHTTPAddresses is required")
-        max_in_flight = _int(opts, "maxInFlight", DEFAULT_MAX_IN_FLIGHT)
         # A batch's messages stay in flight until the *next* batch is planned (that is when Spark
         # calls commit), so two batches plus what is buffered must fit in max-in-flight.
-        max_batch = _int(opts, "maxBatch", max(1, max_in_flight // 3))
+        if opts.get("maxInFlight"):
+            max_in_flight = _int(opts, "maxInFlight", 0)
+            max_batch = _int(opts, "maxBatch", max(1, max_in_flight // IN_FLIGHT_PER_BATCH))
+        else:
+            max_batch = _int(opts, "maxBatch", DEFAULT_MAX_BATCH)
+            max_in_flight = IN_FLIGHT_PER_BATCH * max_batch
         if 2 * max_batch >= max_in_flight:
             raise ValueError(f"option maxInFlight={max_in_flight} must exceed 2 x maxBatch={max_batch}: "
                              "a batch stays in flight until the next one commits it")
-        # Kafka's minOffsetsPerTrigger / maxTriggerDelay: fewer, fuller batches (and output files)
-        min_batch = _int(opts, "minBatch", 0, minimum=0)
+        # Kafka's minOffsetsPerTrigger / maxTriggerDelay: by default a batch waits to be full for
+        # at most maxBatchDelay, so a slow stream makes one batch a delay (one set of output
+        # files, one cycle of Spark's fixed cost) instead of one per cycle; 0 takes what came
+        min_batch = _int(opts, "minBatch", max_batch, minimum=0)
         if min_batch > max_batch:
             raise ValueError(f"option minBatch={min_batch} must not exceed maxBatch={max_batch}")
         max_delay = _int(opts, "maxBatchDelay", DEFAULT_MAX_BATCH_DELAY_MS, minimum=0)

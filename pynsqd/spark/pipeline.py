@@ -64,8 +64,11 @@ class PipelineOptions:
     master: str = flag("master", "", "Spark master URL (default: local[*], or what spark-submit set)")
     trigger_interval: int = flag("trigger-interval", 0, "micro-batch interval (0: as fast as possible)",
                                  kind="duration")
-    max_batch: int = flag("max-batch", 0, "messages per micro-batch (default: max-in-flight / 3)")
-    max_in_flight: int = flag("max-in-flight", 2500, "messages in flight (cap: nsqd's --max-rdy-count per nsqd)")
+    max_batch: int = flag("max-batch", 0, "messages per micro-batch (0: 100000, or max-in-flight / 3)")
+    max_in_flight: int = flag("max-in-flight", 0, "messages in flight, over as many connections to each nsqd as "
+                              "its --max-rdy-count needs (0: 3 x max-batch)")
+    max_batch_delay: int = flag("max-batch-delay", SECOND, "a micro-batch waits to be full (max-batch) for at most "
+                                "this long (0: it takes what arrived)", kind="duration")
     msg_timeout: int = flag("msg-timeout", 60 * SECOND, "message timeout asked of nsqd", kind="duration")
     progress_interval: int = flag("progress-interval", 5 * SECOND, "how often to print progress",
                                   kind="duration")
@@ -75,8 +78,10 @@ class PipelineOptions:
 
 def build_source(spark: Any, opts: PipelineOptions) -> Any:
     reader = spark.readStream.format("nsq").option("topic", opts.topic).option("channel", opts.channel)
-    reader = reader.option("maxInFlight", str(opts.max_in_flight)).option("msgTimeout",
-                                                                          str(opts.msg_timeout // 1_000_000))
+    reader = reader.option("msgTimeout", str(opts.msg_timeout // 1_000_000))
+    reader = reader.option("maxBatchDelay", str(opts.max_batch_delay // 1_000_000))
+    if opts.max_in_flight:
+        reader = reader.option("maxInFlight", str(opts.max_in_flight))
     if opts.max_batch:
         reader = reader.option("maxBatch", str(opts.max_batch))
     if opts.nsqd_tcp_addresses:
@@ -155,7 +160,22 @@ def progress_line(query: Any, started: float) -> str:
             f"up {time.monotonic() - started:.0f}s")
 
 
+def first_rows_line(query: Any, started: float) -> str | None:
+    """The line saying how long after ``started`` (``time.time()``) the first rows were
+    committed: the end of the first batch with rows, once there was one (else None)."""
+    from datetime import datetime
+
+    for p in query.recentProgress:
+        if p.get("numInputRows"):
+            began = datetime.fromisoformat(str(p["timestamp"]).replace("Z", "+00:00")).timestamp()
+            end = began + p["durationMs"]["triggerExecution"] / 1000
+            return (f"{PROG}: first rows committed {end - started:.1f}s after start "
+                    f"(batch {p['batchId']}, {p['numInputRows']} rows)")
+    return None
+
+
 def run(argv: list[str]) -> int:
+    started, launched = time.monotonic(), time.time()
     opts, _ = resolve(PipelineOptions, argv, PROG, "Stream an NSQ topic through Spark into Parquet and/or a topic.")
     if not opts.nsqd_tcp_addresses and not opts.lookupd_http_addresses:
         raise UsageError("give --nsqd-tcp-address or --lookupd-http-address")
@@ -181,7 +201,6 @@ def run(argv: list[str]) -> int:
     from pynsqd.spark import register
 
     register(spark)  # auto-registration covers local runs; a cluster launched from here needs it
-    started = time.monotonic()
     query = start_query(opts, transform(spark, opts, build_source(spark, opts)))
     print(f"{PROG}: started query {query.id} ({opts.topic}/{opts.channel}) in application "
           f"{spark.sparkContext.applicationId}", flush=True)
@@ -189,7 +208,10 @@ def run(argv: list[str]) -> int:
     try:
         interval = opts.progress_interval / 1e9
         next_line = time.monotonic() + interval
+        first = None
         while not stop.wait(0.2) and query.isActive:
+            if first is None and (first := first_rows_line(query, launched)):
+                print(first, flush=True)
             if time.monotonic() >= next_line:
                 next_line += interval
                 if query.lastProgress:

@@ -5,7 +5,8 @@ Theory of operation
 Spark runs the methods of a ``DataSourceStreamReader`` in two kinds of process. The offset
 methods (``latestOffset``, ``partitions``, ``commit``) run in one long-lived driver-side
 runner per query: the only persistent Python object, so it owns the NSQ consumer (a
-``Feed``: one connection per nsqd, found directly or through lookupd). ``read`` runs on
+``Feed``: the nsqds found directly or through lookupd, with as many connections to each as
+``maxInFlight`` needs at its ``--max-rdy-count``). ``read`` runs on
 executors in fresh, unpickled copies that share nothing with the runner.
 
 Offsets are ``{"seq": n, "hb": k}``. ``latestOffset`` takes up to ``maxBatch`` (or the
@@ -31,15 +32,17 @@ So:
   batches (checked in ``options.py``), and the Feed TOUCHes held messages so batches longer
   than the message timeout keep them.
 
-``latestOffset`` never waits for data (what arrived during the last cycle is the next batch),
-except the runner's first call, which waits up to ``FIRST_BATCH_WAIT`` for a batch's worth so
-the first batch carries data instead of costing an empty cycle. With ``minBatch`` (Kafka's
-``minOffsetsPerTrigger``) it answers "nothing new" — Spark asks again after its polling
-delay, 10 ms — until that many messages are buffered or ``maxBatchDelay`` passed since the
-last batch: fewer, fuller batches (and fewer, larger files from a file sink) from a topic
-that trickles. The previous batch stays uncommitted meanwhile, which
-``maxInFlight`` > 2 x ``maxBatch`` leaves room for. ``trace.py`` records each call
-(and each executor ``read``) when ``PYNSQD_SPARK_TRACE`` is set.
+``latestOffset`` never blocks for data, except the runner's first call, which waits up to
+``FIRST_BATCH_WAIT`` for a batch's worth so the first batch carries data instead of costing an
+empty cycle. Until ``minBatch`` messages are buffered (Kafka's ``minOffsetsPerTrigger``; by
+default ``maxBatch``, a full batch) it answers "nothing new" — Spark asks again after its
+polling delay, 10 ms — unless ``maxBatchDelay`` passed since the last batch was planned: a
+backlog goes in full batches, and a slower stream in one batch per delay rather than one per
+Spark cycle (fewer, larger output files; Spark's fixed cost per batch paid less often), each
+message waiting at most the delay. ``minBatch=0`` takes whatever arrived during the last
+cycle. The previous batch stays uncommitted meanwhile, which ``maxInFlight`` > 2 x
+``maxBatch`` leaves room for. ``trace.py`` records each call (and each executor ``read``)
+when ``PYNSQD_SPARK_TRACE`` is set.
 """
 
 from __future__ import annotations
@@ -164,7 +167,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._seq += 1
             self._hb = 0
             self._pending[self._seq] = (self._serve(self._seq, held), held)
-            self._wait_from = None
+            self._wait_from = time.monotonic()  # the next batch waits from here
             trace.event("served", seq=self._seq)
         elif self._pending and start == {"seq": self._seq, "hb": self._hb}:
             self._hb += 1  # heartbeat: an empty batch whose planning commits the last one
@@ -173,10 +176,11 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _too_few(self, feed: Any, want: int) -> bool:
         """``minBatch``: fewer than that are buffered, and this wait began less than
-        ``maxBatchDelay`` ago. The wait begins at the first call after the last new offset
-        that has messages to wait with: buffered ones, or an uncommitted batch (which the
-        heartbeat after the delay commits). Never in an availableNow run, which ends on a
-        quiet period."""
+        ``maxBatchDelay`` ago. The wait begins when the last batch was planned, or, after an
+        idle period with every batch committed, at the first call that finds messages: so a
+        message waits at most the delay (or the cycle it arrived in, if longer) before its
+        batch is planned. An uncommitted batch with nothing buffered waits too, for the
+        heartbeat that commits it. Never in an availableNow run, which ends on a quiet period."""
         opts = self.opts
         if not opts.min_batch or self._available_now:
             return False

@@ -80,7 +80,11 @@ def test_bad_parts_are_clear_errors() -> None:
 def test_options_are_checked_with_their_names() -> None:
     base = {"nsqdTCPAddresses": "127.0.0.1:4150", "topic": "t"}
     opts = SourceOptions.parse(base)
-    assert opts.channel == "spark" and opts.max_in_flight == 2500 and opts.max_batch == 833
+    assert opts.channel == "spark" and opts.max_batch == 100_000 and opts.max_in_flight == 300_000
+    assert opts.min_batch == 100_000 and opts.max_batch_delay_ms == 1000  # full batches, or after a second
+    small = SourceOptions.parse({**base, "maxInFlight": "2500"})
+    assert (small.max_batch, small.min_batch) == (833, 833)
+    assert SourceOptions.parse({**base, "maxBatch": "10"}).max_in_flight == 30
     with pytest.raises(ValueError, match="option topic is required"):
         SourceOptions.parse({"nsqdTCPAddresses": "127.0.0.1:4150"})
     with pytest.raises(ValueError, match="nsqdTCPAddresses or lookupdHTTPAddresses"):
@@ -91,11 +95,10 @@ def test_options_are_checked_with_their_names() -> None:
         SourceOptions.parse({**base, "maxBatch": "x"})
     with pytest.raises(ValueError, match="not a valid NSQ topic name"):
         SourceOptions.parse({**base, "topic": "bad topic"})
-    assert opts.min_batch == 0
-    with_min = SourceOptions.parse({**base, "minBatch": "500"})
-    assert with_min.min_batch == 500 and with_min.max_batch_delay_ms == 1000
+    with_min = SourceOptions.parse({**base, "minBatch": "0"})
+    assert with_min.min_batch == 0 and with_min.max_batch_delay_ms == 1000
     with pytest.raises(ValueError, match="minBatch=900 must not exceed maxBatch=833"):
-        SourceOptions.parse({**base, "minBatch": "900"})
+        SourceOptions.parse({**base, "maxInFlight": "2500", "minBatch": "900"})
     with pytest.raises(ValueError, match="maxBatchDelay=-1 must be >= 0"):
         SourceOptions.parse({**base, "minBatch": "5", "maxBatchDelay": "-1"})
     assert opts.driver_host == "" and opts.driver_port == 0
