@@ -288,6 +288,26 @@ def test_sink_publishes_a_million_rows_and_a_consumer_receives_every_one(
     assert set(received) == {str(i).encode() for i in range(rows)}
 
 
+def test_sink_fails_the_write_when_nsqd_refuses_a_batch_and_publishes_again_after(
+        spark: Any, nsqd_factory: Callable[..., Daemon]) -> None:
+    """nsqd refuses an MPUB (a body over its --max-msg-size, which the sink's maxMsgSize allows):
+    the write fails with nsqd's error, and the next write on the same workers publishes."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    nsqd = nsqd_factory("--max-msg-size=100")
+
+    def write(size: int, topic: str) -> None:
+        (spark.range(30_000).selectExpr(f"lpad(CAST(id AS STRING), {size}, 'x') AS body").repartition(2)
+         .write.format("nsq").mode("append").option("nsqdTCPAddress", addr(nsqd)).option("topic", topic).save())
+
+    with pytest.raises((PySparkException, Py4JJavaError), match="E_BAD_MESSAGE"):
+        write(200, "refused")
+    write(50, "accepted")
+    received = consume(nsqd, "accepted", "check", 30_000, timeout=60)
+    assert sorted(received) == sorted(str(i).rjust(50, "x").encode() for i in range(30_000))
+
+
 def test_stream_sink_publishes_binary_bodies_to_each_rows_topic(
         spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
     nsqd = nsqd_factory()

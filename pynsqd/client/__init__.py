@@ -8,6 +8,7 @@ Public API (stable)::
     async with Producer("127.0.0.1:4150", http_address="127.0.0.1:4151") as p:
         await p.publish("topic", b"body")                # PUB, returns on OK
         await p.multi_publish("topic", [b"a", b"b"])     # MPUB
+        await p.multi_publish_framed("topic", 2, b"\0\0\0\1a\0\0\0\1b")  # MPUB, [4B size][body] each
         await p.deferred_publish("topic", 5000, b"x")    # DPUB, delay in ms
         await p.publish_http("topic", b"body", defer_ms=None)   # POST /pub
         await p.multi_publish_http("topic", [b"a", b"b"])       # POST /mpub?binary=true

@@ -125,6 +125,17 @@ class Producer:
             raise ValueError("multi_publish needs at least one message")
         await self._command(encode_mpub(topic, list(bodies)))
 
+    async def multi_publish_framed(self, topic: str, count: int, framed: bytes | memoryview) -> None:
+        """MPUB ``count`` messages given already framed: ``framed`` is ``[4-byte big-endian
+        size][body]`` per message, back to back (an MPUB body without its count), as a columnar
+        writer builds it without a Python object per message. nsqd checks the framing: all
+        are stored, or none is."""
+        _check_topic(topic)
+        if count < 1:
+            raise ValueError("multi_publish_framed needs at least one message")
+        head = b"MPUB " + topic.encode() + b"\n" + _SIZE.pack(len(framed) + 4) + _SIZE.pack(count)
+        await self._command(head + framed)
+
     async def deferred_publish(self, topic: str, delay_ms: int, body: bytes) -> None:
         """DPUB: the message becomes visible to consumers after ``delay_ms``."""
         _check_topic(topic)

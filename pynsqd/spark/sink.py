@@ -4,19 +4,27 @@ Theory of operation
 -------------------
 Spark calls ``write`` on executors, once per partition (per micro-batch when streaming), with
 Arrow record batches. Each row's ``body`` (binary or string) is published to the row's
-``topic`` column when the frame has one, else to the ``topic`` option. Bodies are gathered per
-topic into MPUB chunks that stay within nsqd's limits (``maxBodySize`` for the whole command,
-``maxMsgSize`` per message, nsqd's defaults), sent on the process's pooled ``Producer``
-(executor Python workers are reused) with up to ``WINDOW`` chunks awaiting their ``OK`` at
-once; ``write`` returns only when every chunk was confirmed, and any error fails the task, so
-Spark retries it. NSQ has no transactions: ``commit``/``abort`` only count, and delivery is
-at-least-once (a retried task or batch publishes its rows again).
+``topic`` column when the frame has one, else to the ``topic`` option. The rows never become
+Python objects: Arrow kernels prefix each body with its 4-byte big-endian size (``framed``),
+which makes the column's data buffer the MPUB body itself, and the batch is cut into MPUB
+commands that stay within nsqd's limits (``maxBodySize`` for the whole command, ``maxMsgSize``
+per message, nsqd's defaults) by bisecting the column's offsets: Python work per command, not
+per row. They go out on the process's pooled ``Producer`` (executor Python workers are reused)
+with up to ``WINDOW`` commands awaiting their ``OK`` at once; ``write`` returns only when every
+one was confirmed, and any error fails the task, so Spark retries it. NSQ has no
+transactions: ``commit``/``abort`` only count, and delivery is at-least-once (a retried task
+or batch publishes its rows again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import sys
+import threading
+from array import array
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +34,7 @@ from pynsqd.client import Producer
 from pynsqd.spark.loopthread import shared
 from pynsqd.spark.options import SinkOptions
 
-WINDOW = 4  # MPUB chunks awaiting OK at once, per task
+WINDOW = 4  # MPUB commands awaiting OK at once, per task
 MPUB_OVERHEAD = 4  # the message count; each message adds its 4-byte size
 
 _producers: dict[str, Producer] = {}
@@ -42,73 +50,112 @@ def check_schema(names: list[str]) -> None:
         raise ValueError(f"the nsq sink needs a 'body' column (binary or string); got {names}")
 
 
-def _bodies(column: Any) -> list[bytes]:
+def _as_binary(column: Any) -> Any:
     import pyarrow as pa
 
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        return [b"" if v is None else v.encode() for v in column.to_pylist()]
-    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-        return [b"" if v is None else v for v in column.to_pylist()]
-    raise ValueError(f"the nsq sink's body column must be binary or string, not {column.type}")
+    if not any(is_type(column.type) for is_type in (pa.types.is_string, pa.types.is_large_string,
+                                                    pa.types.is_binary, pa.types.is_large_binary)):
+        raise ValueError(f"the nsq sink's body column must be binary or string, not {column.type}")
+    return column.cast(pa.binary()).fill_null(b"")
 
 
-def chunks(bodies: list[bytes], opts: SinkOptions) -> Iterator[list[bytes]]:
-    """Split ``bodies`` into MPUB-sized lists (within max body and message sizes)."""
-    chunk: list[bytes] = []
-    size = MPUB_OVERHEAD
-    for body in bodies:
-        if len(body) > opts.max_msg_size:
-            raise ValueError(f"a body of {len(body)} bytes exceeds maxMsgSize={opts.max_msg_size}")
-        if chunk and size + 4 + len(body) > opts.max_body_size:
-            yield chunk
-            chunk, size = [], MPUB_OVERHEAD
-        chunk.append(body)
-        size += 4 + len(body)
-    if chunk:
-        yield chunk
+def framed(bodies: Any, opts: SinkOptions) -> Any:
+    """``bodies`` (a binary array) as a binary array of ``[4-byte big-endian size][body]``
+    values: its data buffer is an MPUB body without the count."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    sizes = pc.binary_length(bodies)
+    if len(sizes) and (longest := pc.max(sizes).as_py()) > opts.max_msg_size:
+        raise ValueError(f"a body of {longest} bytes exceeds maxMsgSize={opts.max_msg_size}")
+    swapped = array("i")
+    swapped.frombytes(memoryview(sizes.buffers()[1])[4 * sizes.offset:4 * (sizes.offset + len(sizes))])
+    if sys.byteorder == "little":
+        swapped.byteswap()
+    prefixes = pa.Array.from_buffers(pa.binary(4), len(sizes), [None, pa.py_buffer(swapped)])
+    return pc.binary_join_element_wise(prefixes.cast(pa.binary()), bodies, b"")
 
 
-async def _publish(opts: SinkOptions, work: list[tuple[str, list[bytes]]]) -> None:
+def chunks(messages: Any, opts: SinkOptions) -> Iterator[tuple[int, memoryview]]:
+    """``(count, bytes)`` of each MPUB command's worth of ``messages`` (from ``framed``): as many
+    as fit in ``maxBodySize`` with the count, and at least one."""
+    n = len(messages)
+    if not n:
+        return
+    offsets = memoryview(messages.buffers()[1]).cast("i")[messages.offset:messages.offset + n + 1]
+    data = memoryview(messages.buffers()[2])
+    room = opts.max_body_size - MPUB_OVERHEAD
+    start = 0
+    while start < n:
+        end = max(start + 1, bisect.bisect_right(offsets, offsets[start] + room, start + 1, n + 1) - 1)
+        yield end - start, data[offsets[start]:offsets[end]]
+        start = end
+
+
+async def _publish(opts: SinkOptions, topic: str, count: int, payload: memoryview) -> None:
+    """One MPUB on the process's pooled producer for ``opts.nsqd``; a failure drops it."""
     producer = _producers.get(opts.nsqd)
     if producer is None:
         producer = _producers[opts.nsqd] = Producer(opts.nsqd)
-    sem = asyncio.Semaphore(WINDOW)
-
-    async def one(topic: str, bodies: list[bytes]) -> None:
-        async with sem:
-            await producer.multi_publish(topic, bodies)
-
     try:
-        await asyncio.gather(*(one(topic, bodies) for topic, bodies in work))
+        await producer.multi_publish_framed(topic, count, payload)
     except BaseException:
-        _producers.pop(opts.nsqd, None)
+        if _producers.get(opts.nsqd) is producer:
+            del _producers[opts.nsqd]
         await producer.close()
         raise
 
 
-def publish_batches(opts: SinkOptions, batches: Iterator[Any]) -> int:
-    """Publish every row of ``batches``; return the row count once every MPUB was confirmed."""
-    lt = shared()
-    rows = 0
-    for batch in batches:
-        names = batch.schema.names
-        check_schema(names)
-        bodies = _bodies(batch.column(names.index("body")))
-        rows += len(bodies)
-        if "topic" in names:
-            per_topic: dict[str, list[bytes]] = {}
-            for topic, body in zip(batch.column(names.index("topic")).to_pylist(), bodies):
-                topic = topic or opts.topic
-                if not topic:
-                    raise ValueError("a row has no topic and the topic option is not set")
-                per_topic.setdefault(topic, []).append(body)
-        elif opts.topic:
-            per_topic = {opts.topic: bodies}
-        else:
+def _by_topic(batch: Any, bodies: Any, opts: SinkOptions) -> list[tuple[str, Any]]:
+    """``(topic, bodies)`` groups of a batch: by its ``topic`` column (a null or empty one is
+    the ``topic`` option), else all to the ``topic`` option; in row order within a topic."""
+    import pyarrow.compute as pc
+
+    names = batch.schema.names
+    if "topic" not in names:
+        if not opts.topic:
             raise ValueError("the nsq sink needs the topic option or a 'topic' column")
-        work = [(topic, chunk) for topic, group in per_topic.items() for chunk in chunks(group, opts)]
-        if work:
-            lt.call(_publish(opts, work))
+        return [(opts.topic, bodies)]
+    topics = batch.column(names.index("topic")).cast("string")
+    topics = pc.if_else(pc.equal(topics, ""), None, topics)
+    if opts.topic:
+        topics = topics.fill_null(opts.topic)
+    elif topics.null_count:
+        raise ValueError("a row has no topic and the topic option is not set")
+    unique = pc.unique(topics).to_pylist()
+    if len(unique) == 1:
+        return [(unique[0], bodies)]
+    return [(topic, bodies.filter(pc.equal(topics, topic))) for topic in unique]
+
+
+def publish_batches(opts: SinkOptions, batches: Iterator[Any]) -> int:
+    """Publish every row of ``batches``; return the row count once every MPUB was confirmed.
+    Up to ``WINDOW`` MPUBs are unanswered at once, across batches: the next batch is framed
+    while nsqd stores the last one. The first error fails the call (and so the task)."""
+    lt = shared()
+    window = threading.Semaphore(WINDOW)
+    sent: list[Future[None]] = []
+    rows = 0
+    try:
+        for batch in batches:
+            names = batch.schema.names
+            check_schema(names)
+            bodies = _as_binary(batch.column(names.index("body")))
+            rows += len(bodies)
+            for topic, group in _by_topic(batch, bodies, opts):
+                for count, payload in chunks(framed(group, opts), opts):
+                    window.acquire()
+                    future = asyncio.run_coroutine_threadsafe(_publish(opts, topic, count, payload), lt.loop)
+                    future.add_done_callback(lambda _: window.release())
+                    sent.append(future)
+            while sent and sent[0].done():
+                sent.pop(0).result()  # an error surfaces at the next batch
+    except BaseException:
+        for future in sent:
+            future.cancel()
+        raise
+    for future in sent:
+        future.result()
     return rows
 
 
