@@ -31,6 +31,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from pynsqd.client import Producer
+from pynsqd.spark import trace
 from pynsqd.spark.loopthread import shared
 from pynsqd.spark.options import SinkOptions
 
@@ -136,8 +137,10 @@ def publish_batches(opts: SinkOptions, batches: Iterator[Any]) -> int:
     window = threading.Semaphore(WINDOW)
     sent: list[Future[None]] = []
     rows = 0
+    trace.event("write.in")
     try:
         for batch in batches:
+            trace.event("write.batch", rows=batch.num_rows)
             names = batch.schema.names
             check_schema(names)
             bodies = _as_binary(batch.column(names.index("body")))
@@ -154,8 +157,10 @@ def publish_batches(opts: SinkOptions, batches: Iterator[Any]) -> int:
         for future in sent:
             future.cancel()
         raise
+    trace.event("write.sent", rows=rows)
     for future in sent:
         future.result()
+    trace.event("write.out", rows=rows)
     return rows
 
 
