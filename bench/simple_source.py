@@ -29,7 +29,7 @@ from pyspark.sql.types import StructType
 
 from pynsqd.spark.options import SourceOptions
 from pynsqd.spark.parts import SCHEMA_DDL
-from pynsqd.spark.source import FIRST_BATCH_WAIT
+from pynsqd.spark.source import FIRST_BATCH_SETTLE, FIRST_BATCH_WAIT
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -76,7 +76,8 @@ class SimpleNSQReader(SimpleDataSourceStreamReader):
             self._seq, self._hb = start["seq"], start["hb"]  # a restart on a checkpoint
         if self._first:
             self._first = False
-            self._feed.wait_for_count(self.opts.max_batch, FIRST_BATCH_WAIT)
+            if self._feed.wait_for_messages(FIRST_BATCH_WAIT):
+                self._feed.wait_for_count(self.opts.max_batch, FIRST_BATCH_SETTLE)
         held = self._feed.take(self.opts.max_batch)
         if held:
             self._seq += 1

@@ -33,9 +33,10 @@ So:
   than the message timeout keep them.
 
 ``latestOffset`` never blocks for data, except the runner's first call, which waits up to
-``FIRST_BATCH_WAIT`` for a batch's worth so the first batch carries data instead of costing an
-empty cycle. Until ``minBatch`` messages are buffered (Kafka's ``minOffsetsPerTrigger``; by
-default ``maxBatch``, a full batch) it answers "nothing new" — Spark asks again after its
+``FIRST_BATCH_WAIT`` for the first messages (and ``FIRST_BATCH_SETTLE`` more for the rest of
+a batch) so the first batch carries data instead of costing an empty cycle, yet starts soon.
+Until ``minBatch`` messages are buffered (Kafka's ``minOffsetsPerTrigger``; by default
+``maxBatch``, a full batch) it answers "nothing new" — Spark asks again after its
 polling delay, 10 ms — unless ``maxBatchDelay`` passed since the last batch was planned: a
 backlog goes in full batches, and a slower stream in one batch per delay rather than one per
 Spark cycle (fewer, larger output files; Spark's fixed cost per batch paid less often), each
@@ -73,8 +74,15 @@ AVAILABLE_NOW_WAIT = 5.0
 AVAILABLE_NOW_QUIET = 5.0
 # The runner's first latestOffset comes right after its consumer started connecting, so it would
 # find nothing and Spark would run an empty batch 0 (a whole micro-batch cycle) before the
-# first data. It waits up to this long for a batch's worth of messages instead.
+# first data. It waits up to this long for the first messages instead ...
 FIRST_BATCH_WAIT = 0.5
+# ... and once messages come, this much longer for more of a batch (a backlog's first runs
+# arrive over a few hundred ms as the connections get their RDY): a first batch that starts
+# early commits the first rows early.
+FIRST_BATCH_SETTLE = 0.1
+# A part is a Spark task (one output file per partition value, a Python worker's start-up):
+# a batch smaller than two of these, a slow stream's, goes in fewer parts.
+MIN_PART = 10_000
 
 
 class PartPartition(InputPartition):
@@ -153,7 +161,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             want = self.opts.max_in_flight
         if self._first and not self._drained:
             self._first = False
-            feed.wait_for_count(want, FIRST_BATCH_WAIT)
+            if feed.wait_for_messages(FIRST_BATCH_WAIT):
+                feed.wait_for_count(want, FIRST_BATCH_SETTLE)
         elif self._too_few(feed, want):
             return {"seq": self._seq, "hb": self._hb}  # no new batch yet: Spark asks again
         held = [] if self._drained else feed.take(want)
@@ -195,11 +204,11 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _serve(self, seq: int, held: list[Any]) -> list[str]:
         """Frame the batches ``held`` (``MessageBatch``es) into up to ``partitions`` parts of
-        about equal message counts, slicing batches at the boundaries (no per-message work),
-        and serve them; returns their keys."""
+        about equal message counts, at least ``MIN_PART`` each, slicing batches at the
+        boundaries (no per-message work), and serve them; returns their keys."""
         nsqds: dict[str, int] = {}
         total = sum(len(b) for b in held)
-        parts = max(1, min(self.opts.partitions, total))
+        parts = max(1, min(self.opts.partitions, total // MIN_PART))
         size = -(-total // parts)
         files: list[list[Segment]] = [[]]
         room = size

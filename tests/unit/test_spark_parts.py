@@ -149,3 +149,32 @@ def test_the_default_driver_host_is_what_spark_would_choose(monkeypatch: pytest.
     host = default_host()
     with socket.socket() as probe:  # an address of this host: something here can listen on it
         probe.bind((host, 0))
+
+
+class Held:
+    """What ``_serve`` reads of a ``MessageBatch``: its frames, offsets and nsqd."""
+
+    def __init__(self, run: MessageRun, nsqd: str) -> None:
+        self.frames, self.offsets, self.nsqd_address = run.frames, run.offsets, nsqd
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+
+@pytest.mark.parametrize(("messages", "partitions", "parts"), [
+    (1, 2, 1), (5_000, 2, 1), (19_999, 2, 1), (20_000, 2, 2), (100_000, 2, 2), (30_000, 4, 3), (100_000, 4, 4)])
+def test_a_batch_is_served_in_parts_of_at_least_ten_thousand_messages(messages: int, partitions: int,
+                                                                        parts: int) -> None:
+    from pynsqd.spark.source import NSQStreamReader
+
+    held = [Held(run, "n:1") for run in runs([(i, 1, b"%016x" % i, b"b") for i in range(messages)])]
+    reader = NSQStreamReader(SourceOptions.parse({"nsqdTCPAddresses": "n:1", "topic": "t",
+                                                  "partitions": str(partitions)}))
+    reader._server = PartServer("127.0.0.1")
+    try:
+        keys = reader._serve(1, held)
+        assert len(keys) == parts
+        sizes = [sum(b.num_rows for b in arrow_batches(key, fetch(reader._server.address, key))) for key in keys]
+        assert sum(sizes) == messages and max(sizes) - min(sizes) <= 1
+    finally:
+        reader._server.close()
