@@ -2,6 +2,11 @@
 
     .venv/bin/python bench/bench_spark.py [--messages 300000] [--rows 1000000] [--repeat 3] [--only source]
                                           [--source nsq|simple|both]
+    .venv/bin/python bench/bench_spark.py --pipeline [--runs cold,ceiling,backlog,live,dedupe,trickle,sink,output]
+
+``--pipeline``: ``nsq_spark_pipeline`` at its defaults against nsqd at its defaults, next to
+Spark's own ceiling in the same invocation (``bench/spark_pipeline.py`` says what each run is).
+Otherwise:
 
 source: N messages are published to a fresh nsqd (``--max-rdy-count`` raised so a batch can
 stay in flight until the next one commits it; the shared-memory log sized so the backlog stays
@@ -59,6 +64,19 @@ def session(java_options: str, confs: list[str]) -> Any:
              .config("spark.sql.shuffle.partitions", "2").config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def pipeline_session(java_options: str, confs: list[str]) -> Any:
+    """A session as ``nsq_spark_pipeline`` makes one (its shuffle partitions: the parallelism)."""
+    spark = session(java_options, [*confs, "spark.sql.streaming.numRecentProgressUpdates=1000"])
+    spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
+    # the ceiling's rate source never ends: stopping its query aborts the batch being written,
+    # which Spark logs as an error (a failed query still shows in query.exception())
+    spark.sparkContext.setLogLevel("FATAL")
+    from pynsqd.spark import register
+
+    register(spark)
     return spark
 
 
@@ -151,7 +169,8 @@ def sink_run(spark: Any, args: argparse.Namespace, tcp: int, topic: str) -> floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--messages", type=int, default=0,
+                        help="messages a run (default: 300000, with --pipeline 1000000)")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=100, help="body bytes")
     parser.add_argument("--max-batch", type=int, default=50_000)
@@ -183,9 +202,30 @@ def main() -> None:
                              "second) two minutes into a session, and each run was faster than the one before")
     parser.add_argument("--log-bytes", type=int, default=0,
                         help="the node's --mem-queue-bytes (default: room for the backlog or 4 x maxBatch messages)")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="nsq_spark_pipeline at its defaults against Spark's own ceiling (bench/spark_pipeline.py)")
+    parser.add_argument("--runs", default="ceiling,backlog,live,dedupe,trickle,sink,output",
+                        help="--pipeline: which runs, comma-separated (also: cold, once before the others)")
+    parser.add_argument("--ceiling-batch", type=int, default=0,
+                        help="--pipeline: the ceiling's rows a batch (default: the source's default maxBatch)")
+    parser.add_argument("--live-rate", type=float, default=200_000, help="--pipeline: live stream messages/s")
+    parser.add_argument("--trickle-rate", type=float, default=100, help="--pipeline: trickle messages/s")
+    parser.add_argument("--trickle-secs", type=float, default=30, help="--pipeline: trickle duration")
+    parser.add_argument("--timeout", type=float, default=600, help="--pipeline: seconds a run may take")
+    parser.add_argument("--phases", action="store_true",
+                        help="--pipeline: also print Spark's durationMs of each batch phase (medians, ms)")
     args = parser.parse_args()
+    args.messages = args.messages or (1_000_000 if args.pipeline else 300_000)
     args.warmup = args.warmup or args.messages
     tmp = tempfile.mkdtemp(prefix="bench-spark-")
+    if args.pipeline:
+        from bench import spark_pipeline
+
+        try:
+            spark_pipeline.main(args, tmp, lambda: pipeline_session(args.java_options, args.conf))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     # The backlog is meant to wait in memory, and every message the stream holds in flight (up
     # to 3 x maxBatch) stays in the shard's log until its batch commits: size the queue (in
     # messages, --mem-queue-size) and the log (in bytes) for whichever is larger. A backlog past
