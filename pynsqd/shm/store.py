@@ -30,6 +30,12 @@ but this page survives a kill -9: the next process resumes reading where the dea
 really got to, so what it moved into the log is not read a second time. Two slots and a
 sequence number: a slot is written whole, then the sequence that selects it is stored, so a
 kill -9 at any instruction leaves one whole slot selected (zeros mean no mark).
+
+``ApplyMark``, at ``_APPLY_AT`` and made the same way, says how much of a cross-shard batch
+the queue holds (``shard/unit.py``): the batch (the producer shard, the time its first record
+was sent), how many of its first messages the queue held before an append, and while the
+append runs, the log's write index and the disk queue's write position before it. A restart
+counts what reached the log and the disk queue past those (``MessageQueue.recover``).
 """
 
 from __future__ import annotations
@@ -56,6 +62,10 @@ _MARK_AT = 3072  # in the name page, after the growth journal
 _MARK_SEQ = struct.Struct("Q")  # native: one aligned 8-byte store
 # committed file, offset; then file, offset past an append in progress, log write index + 1 before it (0: none)
 _MARK = struct.Struct("QQQQQ")
+_APPLY_AT = 3328  # in the name page, after the backend mark
+# producer shard + 1, first sent ns, messages held; log write index + 1 before an append in
+# progress (0: none), the disk queue's write file and offset before it
+_APPLY = struct.Struct("QQQQQQ")
 Position = tuple[int, int]
 
 
@@ -141,6 +151,34 @@ class BackendMark:
         if before and write_index >= before:  # the append was published: the log has them
             return after_file, after_pos
         return file_num, pos
+
+
+class ApplyMark:
+    """How much of a cross-shard batch a queue holds, in its segment (see the module doc)."""
+
+    __slots__ = ("_segment",)
+
+    def __init__(self, segment: Segment) -> None:
+        self._segment = segment
+
+    def save(self, src: int, first: int, held: int, write_index: int = -1, backend: Position = (0, 0)) -> None:
+        """The queue holds the first ``held`` messages of batch (``src``, ``first``); with
+        ``write_index`` (the log's before it) and ``backend`` (the disk queue's write position
+        before it), it is appending more of them."""
+        buf = self._segment.buf
+        seq = _MARK_SEQ.unpack_from(buf, _APPLY_AT)[0] + 1
+        _APPLY.pack_into(buf, _APPLY_AT + 8 + (seq & 1) * _APPLY.size, src + 1, first, held, write_index + 1, *backend)
+        _MARK_SEQ.pack_into(buf, _APPLY_AT, seq)
+
+    def load(self) -> tuple[int, int, int, int, Position] | None:
+        """(src, first, held, log write index before an append in progress or -1, disk queue
+        position before it), or None when no mark was saved."""
+        buf = self._segment.buf
+        seq = _MARK_SEQ.unpack_from(buf, _APPLY_AT)[0]
+        if not seq:
+            return None
+        src, first, held, before, file_num, pos = _APPLY.unpack_from(buf, _APPLY_AT + 8 + (seq & 1) * _APPLY.size)
+        return src - 1, first, held, before - 1, (file_num, pos)
 
 
 def _write_name(buf: mmap.mmap, kind: str, name: str) -> None:
@@ -242,4 +280,5 @@ def claimed_names(data_path: str, queues: list[tuple[str, str]]) -> set[str]:
     return {segment_name(data_path, kind, name) for kind, name in queues}
 
 
-__all__ = ["BackendMark", "claimed_names", "leftovers", "log_capacity", "open_log", "read_name", "unlink_segment"]
+__all__ = ["ApplyMark", "BackendMark", "claimed_names", "leftovers", "log_capacity", "open_log", "read_name",
+           "unlink_segment"]
