@@ -37,7 +37,7 @@ INTEGRATION_MODULES = frozenset({
     "test_deploy_kubernetes", "test_deploy_prometheus", "test_deploy_systemd", "test_discovery",
     "test_durability_gaps", "test_exact_recovery", "test_foreign_clients", "test_foreign_clients_features",
     "test_log_sizing",
-    "test_observability", "test_persistence", "test_spark", "test_supervisor", "test_tools",
+    "test_observability", "test_persistence", "test_publish_order", "test_spark", "test_supervisor", "test_tools",
     "test_chaos", "test_disk_faults", "test_accept_recovery",
     "test_write_errors",
 })

@@ -77,6 +77,10 @@ class Router(Protocol):
 
     def forward(self, topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> None: ...
 
+    def catch_up(self) -> None:
+        """Store what the inbound rings hold that was sent before now: this shard is about to
+        store a publish it received itself (``shard/inbound.py``)."""
+
     def relay(self, client: Any, owner: int, unread: bytes) -> None: ...
 
 
@@ -315,10 +319,12 @@ class Broker:
         else:
             records = self.ids.next_records(prefix, bodies)
             size = sum(map(len, bodies))
-        router = self._remote(topic_name)
+        router = self.router
         if router is not None:
-            self._forward(router, topic_name, bodies, records, size)
-            return
+            if router.owner(topic_name) != self.shard:
+                self._forward(router, topic_name, bodies, records, size)
+                return
+            router.catch_up()  # publishes acknowledged before this one was received go first
         try:
             self.get_topic(topic_name).put_many(records, size)
         except OSError as exc:
@@ -356,10 +362,12 @@ class Broker:
         if self.exiting:
             raise BrokerError("exiting")
         record = HEADER.pack(time.time_ns(), 0, self.ids.next_id()) + body
-        router = self._remote(topic_name)
+        router = self.router
         if router is not None:
-            router.forward(topic_name, [record], len(body), delay_ms * MS)
-            return
+            if router.owner(topic_name) != self.shard:
+                router.forward(topic_name, [record], len(body), delay_ms * MS)
+                return
+            router.catch_up()
         topic = self.get_topic(topic_name)
         try:  # a full log journals the message on disk first (``MessageQueue.append``)
             topic.put_deferred(record, delay_ms * MS, time.monotonic_ns(), len(body))

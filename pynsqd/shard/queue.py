@@ -31,6 +31,12 @@ segment too (``pynsqd.shm.store.BackendMark``): before each append of a refill, 
 past it with the log's write index; after the commit, the committed position. ``recover``
 hands the backend the position that matches the log (``DiskQueue.skip_to``), so a kill -9
 at any point reads no refilled message a second time.
+
+A cross-shard batch (``put_many`` with a ``Unit``) may be applied again: the queue skips the
+messages of it that it holds (``shard/unit.py``: its ``Tally``, kept in its segment too by
+``store.ApplyMark``, opened just before the append and closed after it). ``recover`` adds
+what an append the crash interrupted put in the log (past its write index then) and in the
+disk queue (past its write position then).
 """
 
 from __future__ import annotations
@@ -40,11 +46,12 @@ import os
 from collections.abc import Callable, Container, Sequence
 from typing import Protocol
 
+from pynsqd.shard.unit import Tally, Unit
 from pynsqd.shm import sidecar as sidecar_file
-from pynsqd.shm.frames import Frames
+from pynsqd.shm.frames import Frames, RingError
 from pynsqd.shm.log import DEFERRED, DONE, READY, READY_HEADER, MessageLog
 from pynsqd.shm.segment import Segment
-from pynsqd.shm.store import BackendMark, Position, open_log
+from pynsqd.shm.store import ApplyMark, BackendMark, Position, open_log
 
 logger = logging.getLogger("pynsqd.shard")
 
@@ -62,6 +69,9 @@ class Backend(Protocol):
     @property
     def committed_position(self) -> Position | None: ...
     def skip_to(self, position: Position) -> int: ...
+    @property
+    def write_position(self) -> Position: ...
+    def records_after(self, position: Position) -> int: ...
     def empty(self) -> None: ...
     def delete(self) -> None: ...
     def close(self) -> None: ...
@@ -89,6 +99,11 @@ class DropBackend:
     def skip_to(self, position: Position) -> int:
         return 0
 
+    write_position = (0, 0)
+
+    def records_after(self, position: Position) -> int:
+        return 0
+
     def empty(self) -> None:
         pass
 
@@ -109,8 +124,8 @@ class MessageQueue:
     """Ready messages in a shared-memory log, then the backend. ``put_many`` may raise the
     backend's error (then nothing was stored)."""
 
-    __slots__ = ("_done", "_mark", "again", "backend", "cursor", "grow", "journal", "journaled", "largest", "limit",
-                 "live", "log", "on_move", "ready", "recovering", "segment", "sidecar")
+    __slots__ = ("_applied", "_done", "_mark", "again", "backend", "cursor", "grow", "journal", "journaled",
+                 "largest", "limit", "live", "log", "on_move", "ready", "recovering", "segment", "sidecar", "tally")
 
     def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
                  recovering: bool = False, sidecar: str | None = None) -> None:
@@ -133,6 +148,9 @@ class MessageQueue:
         self.grow: Grow | None = None  # makes the log larger (``shm/sizing.Grower``), if it may
         # where the backend has been read up to, kept in shared memory (durable queues only)
         self._mark = None if segment is None or isinstance(backend, DropBackend) else BackendMark(segment)
+        # how much of the last cross-shard batch put here it holds (``shard/unit.py``), and the same in the segment
+        self.tally = Tally()
+        self._applied = None if segment is None or isinstance(backend, DropBackend) else ApplyMark(segment)
 
     def __len__(self) -> int:
         return self.ready + self.backend.depth
@@ -146,6 +164,8 @@ class MessageQueue:
         pos -1 for a message of the sidecar that found no room in the log."""
         self.recovering = False
         ready, deferred, live = self.log.recover_states()
+        if self._applied is not None:  # first: nothing below may append before it counts
+            self.tally = self._recovered_tally(self._applied)
         position = None if self._mark is None else self._mark.load(self.log.write_index)
         if position is not None:  # the backend's metadata may be older: skip what the log holds
             self.backend.skip_to(position)  # (only once the log proved whole: else they are read again)
@@ -155,6 +175,22 @@ class MessageQueue:
         if self.sidecar is not None and self.journal is not None:
             deferred += self._load_files(self.sidecar, self.journal)
         return deferred
+
+    def _recovered_tally(self, mark: ApplyMark) -> Tally:
+        """The tally a previous process left; if it was killed while appending a batch's
+        messages, those that reached the log and the disk queue are counted in."""
+        saved = mark.load()
+        if saved is None:
+            return Tally()
+        src, first, held, write_index, backend = saved
+        if write_index >= 0:
+            try:
+                held += self.log.count_from(write_index)
+            except RingError as exc:  # never: nothing moves the log's indices back before it
+                logger.error("%r: cannot count an interrupted append - %s", self.log, exc)
+            held += self.backend.records_after(backend)
+            mark.save(src, first, held)
+        return Tally(src, first, held)
 
     def _load_files(self, path: str, journal: str) -> list[tuple[int, int, bytes]]:
         """The deferred messages of the sidecar (a clean exit) and of the journal (no room
@@ -181,25 +217,59 @@ class MessageQueue:
         return out
 
     # --- in ---------------------------------------------------------------------------
-    def put_many(self, records: Sequence[bytes]) -> None:
+    def put_many(self, records: Sequence[bytes], unit: Unit | None = None) -> None:
         """Store ``records`` ready: the log up to ``limit`` ready messages and its bytes, the
         backend past it. A run of READY frames (``Frames``: a cross-shard batch, framed by
         its producer) is appended with one copy when the path below would append it whole
         with no ``make_room`` (room for every message, 31 bytes a message to spare) and it
         fits before the log's end: the same bytes that path writes. Otherwise it takes that
-        path with the messages."""
+        path with the messages. With ``unit`` (they are a cross-shard batch's, from message
+        ``unit.start`` on) the ones this queue holds already are skipped."""
+        if unit is None:
+            self._put(records, None, 0)
+            return
+        held = self.tally.skip(unit, len(records))
+        if held:
+            if held == len(records):
+                return
+            records = (records.records() if isinstance(records, Frames) else records)[held:]
+        before = unit.start + held
+        try:
+            self._put(records, unit, before)
+        except Exception:
+            self._close_unit(unit, before)
+            raise
+        self.tally.took(unit, before + len(records))
+        self._close_unit(unit, before + len(records))
+
+    def _open_unit(self, unit: Unit, held: int) -> None:
+        """Just before appending messages of ``unit`` past the first ``held``: the log's and
+        the backend's ends in the segment, so a restart can count what got in."""
+        if self._applied is not None:
+            self._applied.save(unit.src, unit.first, held, self.log.write_index, self.backend.write_position)
+
+    def _close_unit(self, unit: Unit, held: int) -> None:
+        if self._applied is not None:
+            self._applied.save(unit.src, unit.first, held)
+
+    def _put(self, records: Sequence[bytes], unit: Unit | None, held: int) -> None:
         log = self.log
         room = self.limit - self.ready
         if isinstance(records, Frames):
             n = len(records)
             # frames are >= 24 bytes a message more than the messages: spare is >= need below
             spare = log.free_bytes - (records.end - records.start) - 7 * n
-            if room >= n and spare >= 0 and records.lead == READY_HEADER and log.put_frames(records):
-                self.ready += n
-                self.live += n
-                return
+            if room >= n and spare >= 0 and records.lead == READY_HEADER:
+                if unit is not None:
+                    self._open_unit(unit, held)
+                if log.put_frames(records):
+                    self.ready += n
+                    self.live += n
+                    return
             records = records.records()
         if room <= 0:
+            if unit is not None:
+                self._open_unit(unit, held)
             self.backend.put_many(records)
             return
         part = records if room >= len(records) else records[:room]
@@ -207,6 +277,8 @@ class MessageQueue:
         if log.free_bytes < need and not self.make_room(need):
             self._grow(need)
         mark = log.mark()
+        if unit is not None:  # after ``make_room`` and ``_grow``: they move the log's end
+            self._open_unit(unit, held)
         n = log.append_ready(part)
         if n < len(records):
             try:

@@ -176,7 +176,16 @@ class ByteRing:
     def has_records(self) -> bool:
         """Whether a record is published and not consumed: two index loads, no check."""
         words = self._words
-        return bool(words[_WRITE] != words[_READ])
+        return words[_WRITE] != words[_READ]
+
+    @staticmethod
+    def any_records(rings: Sequence[ByteRing]) -> bool:
+        """``has_records`` of any of ``rings``, in one call (a check on a hot path)."""
+        for ring in rings:
+            words = ring._words
+            if words[_WRITE] != words[_READ]:
+                return True
+        return False
 
     @property
     def note(self) -> int:
