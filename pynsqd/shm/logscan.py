@@ -135,6 +135,23 @@ def release_front(buf: memoryview, cap: int, read: int, write: int) -> tuple[int
     return read, released
 
 
+def _record(buf: memoryview, cap: int, cursor: int, write: int) -> tuple[int, int]:
+    """The frame at index ``cursor`` (< ``write``), checked: (area position, record size),
+    or (-1, bytes to skip) for a wrap marker. ``RingError`` if it is corrupt."""
+    pos = cursor % cap
+    size, check = FRAME.unpack_from(buf, HEADER_SIZE + pos)
+    if size ^ check != WRAP:
+        raise RingError(f"corrupt record frame at {pos} (length {size})")
+    if size == WRAP:
+        if write - cursor < cap - pos:
+            raise RingError(f"wrap marker at {pos} beyond the write index")
+        return -1, cap - pos
+    frame = FRAME_SIZE + size + (-size & 7)
+    if frame > write - cursor or pos + frame > cap or size < STATE_SIZE:
+        raise RingError(f"record length {size} at {pos} runs past the written data")
+    return pos, size
+
+
 def recover_run(buf: memoryview, cap: int, read: int, write: int, cursor: int,
                 max_count: int) -> tuple[int, int, int, int, list[int]]:
     """Recover up to ``max_count`` records from index ``cursor`` on (after a restart): each
@@ -143,22 +160,14 @@ def recover_run(buf: memoryview, cap: int, read: int, write: int, cursor: int,
     ones). ``RingError`` if a frame is corrupt or a state unknown."""
     if cursor < read:
         cursor = read
-    unpack = FRAME.unpack_from
     walked = ready = live = 0
     deferred: list[int] = []
     while cursor < write and walked < max_count:
-        pos = cursor % cap
-        size, check = unpack(buf, HEADER_SIZE + pos)
-        if size ^ check != WRAP:
-            raise RingError(f"corrupt record frame at {pos} (length {size})")
-        if size == WRAP:
-            if write - cursor < cap - pos:
-                raise RingError(f"wrap marker at {pos} beyond the write index")
-            cursor += cap - pos
+        pos, size = _record(buf, cap, cursor, write)
+        if pos < 0:  # a wrap marker: ``size`` is the skip
+            cursor += size
             continue
         frame = FRAME_SIZE + size + (-size & 7)
-        if frame > write - cursor or pos + frame > cap or size < STATE_SIZE:
-            raise RingError(f"record length {size} at {pos} runs past the written data")
         at = HEADER_SIZE + pos + FRAME_SIZE
         state = buf[at]
         if state == READY or state == IN_FLIGHT:
@@ -183,22 +192,14 @@ def live_ids(buf: memoryview, cap: int, read: int, write: int, cursor: int, max_
     are checked as ``recover_run`` checks them."""
     if cursor < read:
         cursor = read
-    unpack = FRAME.unpack_from
     walked = 0
     at_id = HEADER_SIZE + FRAME_SIZE + STATE_SIZE + ID_AT
     while cursor < write and walked < max_count:
-        pos = cursor % cap
-        size, check = unpack(buf, HEADER_SIZE + pos)
-        if size ^ check != WRAP:
-            raise RingError(f"corrupt record frame at {pos} (length {size})")
-        if size == WRAP:
-            if write - cursor < cap - pos:
-                raise RingError(f"wrap marker at {pos} beyond the write index")
-            cursor += cap - pos
+        pos, size = _record(buf, cap, cursor, write)
+        if pos < 0:  # a wrap marker: ``size`` is the skip
+            cursor += size
             continue
         frame = FRAME_SIZE + size + (-size & 7)
-        if frame > write - cursor or pos + frame > cap or size < STATE_SIZE:
-            raise RingError(f"record length {size} at {pos} runs past the written data")
         if size >= STATE_SIZE + ID_AT + 16 and buf[HEADER_SIZE + pos + FRAME_SIZE] != DONE:
             msg_id = buf[at_id + pos:at_id + pos + 16].tobytes()
             if among is None or msg_id in among:
