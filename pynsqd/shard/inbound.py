@@ -30,8 +30,8 @@ record of one message, and a call per record cost more than its message) — and
 each unit from its ring once stored. Before storing a unit it notes the unit's last
 ``sent`` in the ring (``ByteRing.note``). A unit in a ring whose first record was sent at
 or before the note was being stored, by this process or by one killed since, and maybe
-stored in part: it is stored again first, as exactly that unit (``Unit.replay``), and each
-queue skips the messages of it that it holds (``shard/unit.py``).
+stored in part: it is stored again first, as exactly that unit, and each queue skips the
+messages of it that it holds (``shard/unit.py``).
 
 Failures. A unit the owner cannot store (a disk queue or a journal refuses it) stays in the
 ring, acknowledged and never dropped, and is retried every ``STORE_RETRY``; until it is
@@ -278,7 +278,7 @@ class Inbound:
             if unit.first:
                 if not unit.replay:
                     ring.note = unit.last
-                key = Unit(self.sources[unit.ring], unit.first, 0, unit.replay)
+                key = Unit(self.sources[unit.ring], unit.first)
             if not self._store(unit.topic, unit.messages, unit.body_bytes, unit.due, key):
                 return False
         ring.consume(unit.count)

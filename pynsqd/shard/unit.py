@@ -16,11 +16,10 @@ queue while it keeps them), and a deferred one in one call per message, in order
 queue holds of a unit is always its first n messages. ``Tally`` keeps that n, in memory for
 the retry after a refusal. For a kill -9, a queue with a segment keeps the same in its name
 page (``shm/store.ApplyMark``): before an append of a unit's messages, the count it held and
-where its log and its disk queue stood; after it (or after its failure), the count it holds.
-A restart counts what reached the log and the disk queue past those (``MessageQueue.recover``).
-Deferred messages need no mark: a restarted queue has every deferred message it held in its
-recovered state, and a unit applied again after a crash (``Unit.replay``) skips a message
-whose id is there.
+where its log, its disk queue and (for a deferred message without room) its journal stood;
+after it (or after its failure), the count it holds. A restart counts what reached the log,
+the disk queue and the journal past those (``MessageQueue.start_recovery``), before it
+recovers anything else, so what the restarted owner knows does not wait for its logs' walk.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ class Unit(NamedTuple):
     src: int  # the producer shard
     first: int  # CLOCK_MONOTONIC ns its first record was sent
     start: int = 0  # index, among the unit's messages, of the first one of this call
-    replay: bool = False  # applied before (in part, maybe, or by a process since killed)
 
 
 class Tally:

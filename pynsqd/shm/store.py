@@ -34,8 +34,8 @@ kill -9 at any instruction leaves one whole slot selected (zeros mean no mark).
 ``ApplyMark``, at ``_APPLY_AT`` and made the same way, says how much of a cross-shard batch
 the queue holds (``shard/unit.py``): the batch (the producer shard, the time its first record
 was sent), how many of its first messages the queue held before an append, and while the
-append runs, the log's write index and the disk queue's write position before it. A restart
-counts what reached the log and the disk queue past those (``MessageQueue.recover``).
+append runs, the log's write index, the disk queue's write position and the journal's size
+before it. A restart counts what reached them past those (``MessageQueue.start_recovery``).
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ _MARK_SEQ = struct.Struct("Q")  # native: one aligned 8-byte store
 _MARK = struct.Struct("QQQQQ")
 _APPLY_AT = 3328  # in the name page, after the backend mark
 # producer shard + 1, first sent ns, messages held; log write index + 1 before an append in
-# progress (0: none), the disk queue's write file and offset before it
-_APPLY = struct.Struct("QQQQQQ")
+# progress (0: none), the disk queue's write file and offset before it, the journal's size + 1
+# before an append to it (0: none)
+_APPLY = struct.Struct("QQQQQQQ")
 Position = tuple[int, int]
 
 
@@ -161,24 +162,28 @@ class ApplyMark:
     def __init__(self, segment: Segment) -> None:
         self._segment = segment
 
-    def save(self, src: int, first: int, held: int, write_index: int = -1, backend: Position = (0, 0)) -> None:
+    def save(self, src: int, first: int, held: int, write_index: int = -1, backend: Position = (0, 0),
+             journal: int = -1) -> None:
         """The queue holds the first ``held`` messages of batch (``src``, ``first``); with
-        ``write_index`` (the log's before it) and ``backend`` (the disk queue's write position
-        before it), it is appending more of them."""
+        ``write_index`` (the log's before it), ``backend`` (the disk queue's write position
+        before it) and ``journal`` (the journal's size before it, if it is appended to), it is
+        appending more of them."""
         buf = self._segment.buf
         seq = _MARK_SEQ.unpack_from(buf, _APPLY_AT)[0] + 1
-        _APPLY.pack_into(buf, _APPLY_AT + 8 + (seq & 1) * _APPLY.size, src + 1, first, held, write_index + 1, *backend)
+        _APPLY.pack_into(buf, _APPLY_AT + 8 + (seq & 1) * _APPLY.size, src + 1, first, held, write_index + 1,
+                         *backend, journal + 1)
         _MARK_SEQ.pack_into(buf, _APPLY_AT, seq)
 
-    def load(self) -> tuple[int, int, int, int, Position] | None:
+    def load(self) -> tuple[int, int, int, int, Position, int] | None:
         """(src, first, held, log write index before an append in progress or -1, disk queue
-        position before it), or None when no mark was saved."""
+        position before it, journal size before it or -1), or None when no mark was saved."""
         buf = self._segment.buf
         seq = _MARK_SEQ.unpack_from(buf, _APPLY_AT)[0]
         if not seq:
             return None
-        src, first, held, before, file_num, pos = _APPLY.unpack_from(buf, _APPLY_AT + 8 + (seq & 1) * _APPLY.size)
-        return src - 1, first, held, before - 1, (file_num, pos)
+        src, first, held, before, file_num, pos, journal = _APPLY.unpack_from(
+            buf, _APPLY_AT + 8 + (seq & 1) * _APPLY.size)
+        return src - 1, first, held, before - 1, (file_num, pos), journal - 1
 
 
 def _write_name(buf: mmap.mmap, kind: str, name: str) -> None:

@@ -23,6 +23,7 @@ from pynsqd.shard.broker import Broker
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.queue import MessageQueue
 from pynsqd.shard.topic import Topic
+from pynsqd.shm import sidecar
 from pynsqd.shm.ring import ByteRing
 from pynsqd.wire.message import BODY_OFFSET, HEADER, ID_OFFSET
 from tests.support.inbound import OwnerRig
@@ -64,15 +65,17 @@ def rig(tmp_path: Path) -> Iterator[Callable[..., Rig]]:
         r.close()
 
 
-def kill_after(obj: Any, method: str) -> None:
-    """``obj.method`` does its work, then the process is killed."""
-    real = getattr(obj, method)
-
+def dying_after(real: Callable[..., Any]) -> Callable[..., None]:
+    """``real``, after whose work the process is killed."""
     def dying(*args: Any) -> None:
         real(*args)
         raise Killed
+    return dying
 
-    setattr(obj, method, dying)
+
+def kill_after(obj: Any, method: str) -> None:
+    """``obj.method`` does its work, then the process is killed."""
+    setattr(obj, method, dying_after(getattr(obj, method)))
 
 
 def kill_before(obj: Any, method: str) -> None:
@@ -196,6 +199,26 @@ def test_a_deferred_batch_is_deferred_once(rig: Callable[..., Rig]) -> None:
     for channel in channels(r.broker, "t").values():
         assert len(channel.deferred) == 1 and channel.queue.live == 1 and not ready(channel.queue)
         assert list(channel.deferred_at) == [message[0][ID_OFFSET:BODY_OFFSET]]
+
+
+def test_a_deferred_batch_journaled_for_want_of_room_is_deferred_once(rig: Callable[..., Rig],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4 KiB log (``--mem-queue-bytes``) full of deferred messages: the batch's message goes
+    to the channel's journal on disk, and the owner dies as that write returns."""
+    r = rig(mem_queue_bytes=4096, max_msg_size=100)
+    topic = make_topic(r, "t", "a")
+    channel = topic.channels["a"]
+    while channel.queue.journaled == 0:
+        r.broker.publish_deferred("t", b"local", 60_000)
+    kept = len(channel.deferred)
+    r.publish("t", messages(1), due=time.monotonic_ns() + 60 * 10**9)
+    monkeypatch.setattr(sidecar, "append_journal", dying_after(sidecar.append_journal))
+    killed(r.inbound.drain)
+    monkeypatch.undo()
+    r.restart()
+    r.inbound.drain(None)
+    channel = channels(r.broker, "t")["a"]
+    assert len(channel.deferred) == kept + 1 and len(channel.deferred_at) == kept + 1
 
 
 @pytest.mark.parametrize("kill", [False, True], ids=["retried", "killed, then restarted"])
