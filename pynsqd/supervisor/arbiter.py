@@ -10,8 +10,9 @@ of a run with another shard count hold (``leftover_rings.py``), create the inbou
 (``node/rings.py``), one heartbeat page and one eventfd per shard. A step that fails undoes
 the ones before it (``startup.py``): a failed start leaves nothing behind.
 
-``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
-interpreter, never a fork of a running loop) with their descriptors inherited, waits until
+``main()`` spawns the shards (``os.posix_spawn`` of ``node/boot.worker_command``: a fresh
+interpreter that imports exactly this process's code, never a fork of a running loop) with
+their descriptors inherited, waits until
 each says ``ready``, announces the listeners, accepts TCP connections and hands each to its
 shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
 turn (``httpaccept.py``) — every listener through one ``accept.Acceptor``, which rides out a
@@ -53,7 +54,7 @@ from pynsqd import NSQ_VERSION, __version__, logs, sdnotify
 from pynsqd.netaddr import bind, bound_port, describe
 from pynsqd.node import metadata
 from pynsqd.node.aggregate import merge_stats
-from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig
+from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig, worker_command
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.control import PROXY_WAIT, ControlChannel, Received, channel_pair
 from pynsqd.node.datapath import recoverable
@@ -213,12 +214,12 @@ class Supervisor:
                           http=self.http_socket is not None, https=self.https_socket is not None,
                           control_fd=there.fileno(), heartbeat_fd=slot.heartbeat.fd, wake_fds=self.wake_fds)
         fds = boot.inherited
-        env = dict(os.environ)
-        env[ENV] = boot.encode()
+        argv, extra = worker_command()
+        env = {**os.environ, **extra, ENV: boot.encode()}
         for fd in fds:
             os.set_inheritable(fd, True)
         try:
-            slot.pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "pynsqd.shard.worker"], env)
+            slot.pid = os.posix_spawn(argv[0], argv, env)
         except OSError:
             here.close()
             raise
