@@ -83,6 +83,7 @@ from pynsqd.node.messages import (
 )
 from pynsqd.node.metadata import TopicRecord
 from pynsqd.node.rings import create_rings, release_rings
+from pynsqd.node.shmowner import reclaim
 from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
 from pynsqd.shm import store
@@ -129,6 +130,7 @@ class Supervisor:
             self.https_socket = (start.close_on_failure(bind(opts.https_address, "https-address"))
                                  if opts.https_address and tls_ctx is not None else None)
             self._lock_fd = start.lock()
+            self.owner = start.own_shared_memory(self._lock_fd)
             try:
                 topics = metadata.load(opts.data_dir)
             except ValueError as exc:
@@ -167,15 +169,19 @@ class Supervisor:
         }
 
     def _sweep_segments(self, topics: list[TopicRecord], keep: set[str]) -> None:
-        """Once per node, before any shard runs: remove this node's segments that belong to
+        """Once per node, before any shard runs: remove the segments of stopped nodes whose
+        data path is gone (``node/shmowner.py``), and this node's segments that belong to
         no queue of nsqd.dat and hold nothing worth recovering (deleted or ephemeral queues,
         empty logs). Segments with messages of a durable queue missing from nsqd.dat stay:
         the topic's owner (placement) recreates the queue when it boots. This run's rings are
         kept, and ``keep``: leftover rings whose messages could not be stored yet."""
         path = self.opts.data_dir
+        for gone in reclaim(keep=path):
+            log.info("removed the shared memory of a stopped node on %s (%s): %d segments, %.1f MiB",
+                     gone.data_path, gone.reason, gone.segments, gone.size / (1 << 20))
         queues = ([("topic", t.name) for t in topics]
                   + [("channel", f"{t.name}:{c.name}") for t in topics for c in t.channels])
-        claimed = store.claimed_names(path, queues) | {seg.name for seg in self.rings} | keep
+        claimed = store.claimed_names(path, queues) | {seg.name for seg in self.rings} | keep | {self.owner.name}
         for shm_name, kind, name, records in store.leftovers(path, claimed):
             if recoverable(kind, name, records):
                 log.warning("%s %s: found in shared memory only; shard %d recovers it", kind.upper(), name,
@@ -575,6 +581,7 @@ class Supervisor:
         await self.registration.close()
         release_rings(self.rings)
         self.placement.close()
+        self.owner.release()
         os.close(self._lock_fd)
         log.info("exited cleanly in %.3fs", time.monotonic() - started)
 
