@@ -256,6 +256,14 @@ def test_a_read_only_data_path_is_one_line_and_nothing_is_written(tmp_path: Path
     assert list(data.iterdir()) == []
 
 
+def test_a_data_path_that_refuses_new_files_is_named_with_the_file_it_refused(tmp_path: Path) -> None:
+    """/proc exists but makes no files (open with O_CREAT says ENOENT): the error says so,
+    not that the data path is missing."""
+    err = _failed_start(["--data-path=/proc", "--tcp-address=127.0.0.1:0"], tmp_path)
+    assert err == ("nsqd: error: --data-path=/proc: cannot create files in it - "
+                   "open /proc/.pynsqd-start.tmp: No such file or directory\n")
+
+
 def test_full_disk_fails_the_publish_and_damages_nothing(nsqd_factory: Callable[..., Daemon],
                                                          tmp_path: Path) -> None:
     # every file of the node may grow to 64 KiB; Python ignores SIGXFSZ, so writes get EFBIG

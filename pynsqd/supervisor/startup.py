@@ -17,6 +17,7 @@ rings.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import socket
@@ -77,7 +78,11 @@ class Startup:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
             os.unlink(probe)
         except OSError as exc:
-            raise UsageError(f"--data-path={self.data_dir} is not writable - {exc.strerror}") from None
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise UsageError(f"--data-path={self.data_dir} is not writable - {exc.strerror}") from None
+            # e.g. /proc, which exists but refuses new files with ENOENT: name the file
+            raise UsageError(f"--data-path={self.data_dir}: cannot create files in it - open {probe}: "
+                             f"{exc.strerror}") from None
         return fd
 
     def own_shared_memory(self, lock_fd: int) -> OwnerRecord:
