@@ -69,6 +69,10 @@ def _lock(path: str, create: bool, wait: bool) -> int | None:
             fd = os.open(path, flags, 0o600)
         except FileNotFoundError:
             return None
+        except OSError:
+            if create:
+                raise
+            return None  # another user's record (EACCES): not ours to judge
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -171,7 +175,11 @@ def reclaim(keep: str = "", dry_run: bool = False) -> list[Gone]:
     for prefix, names in node_segments().items():
         if prefix == own or "/" + prefix + RECORD not in names:
             continue  # no record: whose they are cannot be told
-        gone = _reclaim_node(prefix, dry_run)
+        try:
+            gone = _reclaim_node(prefix, dry_run)
+        except OSError as exc:  # e.g. another user's segments: left as they are
+            log.debug("shared memory of %s left alone - %s", prefix, exc)
+            continue
         if gone is not None:
             out.append(gone)
     return out

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -174,3 +175,22 @@ def test_release_removes_the_record_only_when_nothing_else_is_left(tmp_path: Pat
         os.close(fd)
         for name in list_segments(str(tmp_path)):
             unlink_segment(name)
+
+
+def test_a_record_this_user_may_not_open_is_left_alone(node: NodeFactory) -> None:
+    """Another user's node (its record mode 0600, not ours): reclaiming goes on without it."""
+    other = node("other")
+    other.kill()
+    os.rmdir(other.data_path)
+    os.chmod(SHM_DIR + other.record, 0)
+    wrapper = []
+    if os.geteuid() == 0:  # root opens anything: drop the capabilities that let it
+        if shutil.which("setpriv") is None:
+            pytest.skip("setpriv is needed to run without CAP_DAC_OVERRIDE as root")
+        caps = "-dac_override,-dac_read_search,-fowner"
+        wrapper = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+    code = "from pynsqd.node.shmowner import reclaim; print([g.data_path for g in reclaim()])"
+    proc = subprocess.run([*wrapper, sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=scaled(30))
+    assert proc.returncode == 0 and other.data_path not in proc.stdout, proc.stderr
+    assert len(list_segments(other.data_path)) == 3
