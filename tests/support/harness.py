@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -209,6 +210,19 @@ def remove_segments(daemons: Sequence[Daemon]) -> None:
     for path in {arg.partition("=")[2] for d in daemons for arg in d.args if arg.startswith("--data-path=")}:
         for name in list_segments(path):
             unlink_segment(name)
+
+
+def without_file_permission_overrides() -> list[str]:
+    """A command prefix that runs a process under file modes as they are: as root, without
+    the capabilities that let it ignore them (``setpriv``; the test is skipped when there is
+    none); nothing for another user."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        import pytest
+        pytest.skip("setpriv is needed to run without CAP_DAC_OVERRIDE as root")
+    caps = "-dac_override,-dac_read_search,-fowner"
+    return ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
 
 
 def decoy_checkout(directory: Path) -> Path:

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 
 from pynsqd.node.shmowner import OwnerRecord, reclaim, why_gone
 from pynsqd.shm.segment import SHM_DIR, Segment, list_segments, segment_name, unlink_segment
-from tests.support.harness import scaled
+from tests.support.harness import scaled, without_file_permission_overrides
 
 # a node: lock the data path, record itself, make two segments (a MiB written in each), run
 NODE = """
@@ -183,12 +182,7 @@ def test_a_record_this_user_may_not_open_is_left_alone(node: NodeFactory) -> Non
     other.kill()
     os.rmdir(other.data_path)
     os.chmod(SHM_DIR + other.record, 0)
-    wrapper = []
-    if os.geteuid() == 0:  # root opens anything: drop the capabilities that let it
-        if shutil.which("setpriv") is None:
-            pytest.skip("setpriv is needed to run without CAP_DAC_OVERRIDE as root")
-        caps = "-dac_override,-dac_read_search,-fowner"
-        wrapper = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+    wrapper = without_file_permission_overrides()  # root opens anything
     code = "from pynsqd.node.shmowner import reclaim; print([g.data_path for g in reclaim()])"
     proc = subprocess.run([*wrapper, sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=scaled(30))
