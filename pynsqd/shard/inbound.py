@@ -53,11 +53,11 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import takewhile
 from operator import itemgetter
 
-from pynsqd.node.crossrecord import Batch, decode_batch, sent_of
+from pynsqd.node.crossrecord import TIMED, Batch, decode_batch
 from pynsqd.node.rings import ring_name, ring_size
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.unit import Unit
@@ -77,59 +77,45 @@ STORE_RETRY = 1.0  # seconds before the owner retries a batch it could not store
 FUTURE = 10**9  # ns: a record sent this long after a drain's cutoff is corrupt
 
 Item = tuple[int, int, bytes]  # (sent, ring index, record)
+_SENT = struct.Struct(">Q")
 _sent = itemgetter(0)
 
 
-class _Unit:
-    """Records of one ring stored with one call (see the module doc); ``topic`` None: a
-    corrupt record, dropped."""
-
-    __slots__ = ("body_bytes", "count", "due", "first", "last", "replay", "ring", "runs", "topic")
-
-    def __init__(self, ring: int, sent: int, batch: Batch | None, replay: bool) -> None:
-        self.ring = ring
-        self.first = self.last = sent
-        self.count = 1
-        self.replay = replay
-        self.topic = None if batch is None else batch.topic
-        self.runs: list[Sequence[bytes]] = [] if batch is None else [batch.messages]
-        self.body_bytes = 0 if batch is None else batch.body_bytes
-        self.due = 0 if batch is None else batch.due
-
-    def join(self, ring: int, sent: int, batch: Batch | None) -> bool:
-        """Take the next record into this unit if both are plain (ready messages as a list,
-        not a framed run) and of one ring and topic; False if it starts a unit of its own."""
-        if (batch is None or ring != self.ring or batch.topic != self.topic or batch.due or self.due
-                or type(batch.messages) is not list or type(self.runs[0]) is not list):
-            return False
-        self.runs.append(batch.messages)
-        self.body_bytes += batch.body_bytes
-        self.last = sent
-        self.count += 1
-        return True
-
-    @property
-    def messages(self) -> Sequence[bytes]:
-        runs = self.runs
-        return runs[0] if len(runs) == 1 else [message for run in runs for message in run]
+# a unit: (ring index, first sent, last sent, records, topic or None (a corrupt record,
+# dropped), the message lists of its records, body bytes, due)
+UnitItems = tuple[int, int, int, int, str | None, list[Sequence[bytes]], int, int]
 
 
-def _decode(data: bytes) -> Batch | None:
-    try:
-        return decode_batch(data)
-    except (ValueError, struct.error) as exc:
-        log.error("inbound ring: dropping a corrupt record - %s", exc)
-        return None
-
-
-def _units(items: Sequence[Item], replay: bool = False) -> list[_Unit]:
-    """``items`` (in the order to store them) grouped into units."""
-    units: list[_Unit] = []
-    for sent, ring, data in items:
-        batch = _decode(data)
-        if not units or not units[-1].join(ring, sent, batch):
-            units.append(_Unit(ring, sent, batch, replay))
-    return units
+def _units(items: Iterable[Item]) -> Iterator[UnitItems]:
+    """``items`` (in the order to store them) grouped into units: consecutive plain records
+    (ready messages as a list, not a framed run, not deferred) of one ring and topic join."""
+    ring, first, last, count, body, due = -1, 0, 0, 0, 0, 0
+    topic: str | None = None
+    runs: list[Sequence[bytes]] = []
+    joins = False  # the unit so far can take more records
+    for sent, index, data in items:
+        try:
+            batch: Batch | None = decode_batch(data)
+        except (ValueError, struct.error) as exc:
+            log.error("inbound ring: dropping a corrupt record - %s", exc)
+            batch = None
+        if (joins and batch is not None and index == ring and batch.topic == topic and not batch.due
+                and type(batch.messages) is list):
+            runs.append(batch.messages)
+            body += batch.body_bytes
+            last = sent
+            count += 1
+            continue
+        if ring >= 0:
+            yield ring, first, last, count, topic, runs, body, due
+        ring, first, last, count = index, sent, sent, 1
+        if batch is None:
+            topic, runs, body, due, joins = None, [], 0, 0, False
+        else:
+            topic, runs, body, due = batch.topic, [batch.messages], batch.body_bytes, batch.due
+            joins = not due and type(batch.messages) is list
+    if ring >= 0:
+        yield ring, first, last, count, topic, runs, body, due
 
 
 class Inbound:
@@ -231,11 +217,11 @@ class Inbound:
             note = ring.note
             if items and 0 < items[0][0] <= note:  # the unit being stored when a drain stopped
                 count = next((n for n, item in enumerate(items) if item[0] > note), len(items))
-                for unit in _units(items[:count], replay=True):
-                    if not self._apply(unit):
+                for unit in _units(items[:count]):
+                    if not self._apply(unit, True):
                         self._stall(i)
                         break
-                    consumed += unit.count
+                    consumed += unit[3]
                 items = [] if i in self._stalled else items[count:]
             if items:
                 streams.append(items)
@@ -243,13 +229,14 @@ class Inbound:
             merged: Sequence[Item] = streams[0]
         else:
             merged = list(takewhile(lambda item: item[0] <= horizon, heapq.merge(*streams, key=_sent)))
+        stalled = self._stalled
         for unit in _units(merged):
-            if unit.ring in self._stalled:
+            if unit[0] in stalled:
                 continue  # behind a unit that could not be stored
-            if unit.topic in self._failing or not self._apply(unit):
-                self._stall(unit.ring)
+            if unit[4] in self._failing or not self._apply(unit, False):
+                self._stall(unit[0])
                 continue
-            consumed += unit.count
+            consumed += unit[3]
         return consumed, cut
 
     def _take(self, index: int, ring: ByteRing, cutoff: int, limit: int) -> tuple[list[Item], bool]:
@@ -258,7 +245,7 @@ class Inbound:
         items: list[Item] = []
         records = ring.peek_many(limit, DRAIN_BYTES)
         for data in records:
-            sent = sent_of(data)
+            sent = _SENT.unpack_from(data, 1)[0] if data[:1] == TIMED and len(data) >= 9 else 0  # (sent_of)
             if sent >= cutoff:
                 if sent - cutoff < FUTURE:
                     return items, False
@@ -270,18 +257,21 @@ class Inbound:
         self._stalled.add(index)
         self._live = [ring for i, ring in enumerate(self.rings) if i not in self._stalled]
 
-    def _apply(self, unit: _Unit) -> bool:
-        """Store ``unit`` and consume it; False when it cannot be stored now (it stays)."""
-        ring = self.rings[unit.ring]
-        if unit.topic is not None:
+    def _apply(self, unit: UnitItems, replay: bool) -> bool:
+        """Store ``unit`` and consume it; False when it cannot be stored now (it stays).
+        ``replay``: it was being stored when a drain stopped (the note is set already)."""
+        index, first, last, count, topic, runs, body, due = unit
+        ring = self.rings[index]
+        if topic is not None:
             key = None
-            if unit.first:
-                if not unit.replay:
-                    ring.note = unit.last
-                key = Unit(self.sources[unit.ring], unit.first)
-            if not self._store(unit.topic, unit.messages, unit.body_bytes, unit.due, key):
+            if first:
+                if not replay:
+                    ring.note = last
+                key = Unit._make((self.sources[index], first, 0))  # (half the cost of Unit())
+            records = runs[0] if len(runs) == 1 else [message for run in runs for message in run]
+            if not self._store(topic, records, body, due, key):
                 return False
-        ring.consume(unit.count)
+        ring.consume(count)
         return True
 
     def _store(self, topic_name: str, records: Sequence[bytes], body_bytes: int, due: int,
@@ -311,7 +301,7 @@ class Inbound:
             self._failing.discard(topic_name)
             log.warning("TOPIC(%s): cross-shard messages stored again", topic_name)
         self.received += len(records)
-        if isinstance(records, Frames) and not records.decoded:
+        if type(records) is not list and isinstance(records, Frames) and not records.decoded:
             self.framed += len(records)
         return True
 

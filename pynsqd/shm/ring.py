@@ -81,6 +81,9 @@ __all__ = ["FRAME", "FRAME_SIZE", "HEADER_SIZE", "WRAP", "ByteRing", "Frames", "
            "buffer_size", "frame_size"]
 
 Writable = bytearray | memoryview | mmap.mmap
+# records a walk passed in one contiguous stretch: (how many came before them, their area
+# positions' offset from the ring's indices, the positions where each starts and ends)
+Run = tuple[int, int, list[int], list[int]]
 
 
 def buffer_size(capacity: int) -> int:
@@ -101,7 +104,8 @@ class ByteRing:
     Call ``close()`` before closing an mmap under the ring (the ring holds a view of it).
     """
 
-    __slots__ = ("_buf", "_cap", "_max_frame", "_peek_ends", "_peek_read", "_peek_taken", "_peek_whole", "_words")
+    __slots__ = ("_buf", "_cap", "_max_frame", "_peek_count", "_peek_read", "_peek_runs", "_peek_taken", "_peek_whole",
+                 "_words")
 
     def __init__(self, buf: Writable, *, init: bool) -> None:
         view = memoryview(buf)
@@ -117,8 +121,8 @@ class ByteRing:
         # Native 8-byte words: item stores and loads are single aligned memcpy's of 8 bytes.
         self._words = words = view[:HEADER_SIZE].cast("Q")
         self._peek_read = -1  # read index of the last peek (-1: none), then the read index after
-        self._peek_ends: list[int] = []  # each of its records, and how many of them are consumed
-        self._peek_taken = 0
+        self._peek_runs: list[Run] = []  # where its records end (``_walk``); how many, how many consumed
+        self._peek_count = self._peek_taken = 0
         self._peek_whole = False  # that peek reached the write index
         if init:
             cap = (len(view) - HEADER_SIZE) & ~7
@@ -319,13 +323,13 @@ class ByteRing:
     # -- consumer ------------------------------------------------------------------------
 
     def _walk(self, read: int, write: int, max_count: int, out: list[bytes] | None,
-              max_bytes: int = UNBOUNDED, ends: list[int] | None = None) -> tuple[int, int]:
+              max_bytes: int = UNBOUNDED, runs: list[Run] | None = None) -> tuple[int, int]:
         """Walk up to ``max_count`` frames from index ``read`` towards ``write``, and no more
         once the records walked hold ``max_bytes`` (the first is always walked).
 
         Returns (records walked, the read index after them); appends copies of the records
-        to ``out`` unless it is None (one copy of the buffer per contiguous run), and the
-        index after each record to ``ends`` unless it is None.
+        to ``out`` unless it is None (one copy of the buffer per contiguous run), and to
+        ``runs``, unless it is None, what says where each record ends (``_end_of``).
         """
         buf = self._buf
         cap = self._cap
@@ -358,9 +362,8 @@ class ByteRing:
                 first = starts[0]
                 chunk = buf[HEADER_SIZE + first:HEADER_SIZE + stops[-1]].tobytes()
                 out += [chunk[a - first:b - first] for a, b in zip(starts, stops)]
-            if ends is not None and starts:
-                base = read - start
-                ends += [base + stop + (-(stop - at) & 7) for at, stop in zip(starts, stops)]
+            if runs is not None and starts:
+                runs.append((count - len(starts), read - start, starts, stops))
             read += pos - start
         return count, read
 
@@ -387,9 +390,9 @@ class ByteRing:
         hold ``max_bytes`` (the first always comes)."""
         write, read = self._indices()
         out: list[bytes] = []
-        ends: list[int] = []
-        _, new_read = self._walk(read, write, max_count, out, max_bytes, ends)
-        self._peek_read, self._peek_ends, self._peek_taken = read, ends, 0
+        runs: list[Run] = []
+        count, new_read = self._walk(read, write, max_count, out, max_bytes, runs)
+        self._peek_read, self._peek_runs, self._peek_count, self._peek_taken = read, runs, count, 0
         self._peek_whole = new_read == write
         return out
 
@@ -402,17 +405,25 @@ class ByteRing:
         """Drop the oldest ``count`` records (the next ones a ``peek_many`` returned)."""
         if count <= 0:
             return
-        write, read = self._indices()
         taken = self._peek_taken + count
-        if read == self._peek_read and taken <= len(self._peek_ends):
-            new_read = self._peek_ends[taken - 1]
+        if self._words[_READ] == self._peek_read and taken <= self._peek_count:  # the peek's next ones
+            new_read = self._end_of(taken - 1)
             self._peek_read, self._peek_taken = new_read, taken
         else:
+            write, read = self._indices()
             walked, new_read = self._walk(read, write, count, None)
             if walked < count:
                 raise ValueError(f"consume({count}) but only {walked} records are queued")
             self._peek_read = -1
         self._store_read(new_read, count)
+
+    def _end_of(self, record: int) -> int:
+        """The index after the peek's ``record``-th record (from its first)."""
+        for first, base, starts, stops in reversed(self._peek_runs):
+            if record >= first:
+                at, stop = starts[record - first], stops[record - first]
+                return base + stop + (-(stop - at) & 7)
+        raise ValueError(f"record {record} was not peeked")
 
     def _advance(self, new_read: int, count: int) -> None:
         self._peek_read = -1

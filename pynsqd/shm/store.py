@@ -67,6 +67,7 @@ _APPLY_AT = 3328  # in the name page, after the backend mark
 # progress (0: none), the disk queue's write file and offset before it, the journal's size + 1
 # before an append to it (0: none)
 _APPLY = struct.Struct("QQQQQQQ")
+_SLOTS = (_APPLY_AT + 8, _APPLY_AT + 8 + _APPLY.size)
 Position = tuple[int, int]
 
 
@@ -157,10 +158,11 @@ class BackendMark:
 class ApplyMark:
     """How much of a cross-shard batch a queue holds, in its segment (see the module doc)."""
 
-    __slots__ = ("_segment",)
+    __slots__ = ("_segment", "_seq")
 
     def __init__(self, segment: Segment) -> None:
-        self._segment = segment
+        self._segment = segment  # its buffer is looked up at each use: the segment may be remapped (growth)
+        self._seq = _MARK_SEQ.unpack_from(segment.buf, _APPLY_AT)[0]  # this process is its only writer
 
     def save(self, src: int, first: int, held: int, write_index: int = -1, backend: Position = (0, 0),
              journal: int = -1) -> None:
@@ -169,9 +171,9 @@ class ApplyMark:
         before it) and ``journal`` (the journal's size before it, if it is appended to), it is
         appending more of them."""
         buf = self._segment.buf
-        seq = _MARK_SEQ.unpack_from(buf, _APPLY_AT)[0] + 1
-        _APPLY.pack_into(buf, _APPLY_AT + 8 + (seq & 1) * _APPLY.size, src + 1, first, held, write_index + 1,
-                         *backend, journal + 1)
+        self._seq = seq = self._seq + 1
+        _APPLY.pack_into(buf, _SLOTS[seq & 1], src + 1, first, held, write_index + 1, backend[0], backend[1],
+                         journal + 1)
         _MARK_SEQ.pack_into(buf, _APPLY_AT, seq)
 
     def load(self) -> tuple[int, int, int, int, Position, int] | None:
@@ -181,8 +183,7 @@ class ApplyMark:
         seq = _MARK_SEQ.unpack_from(buf, _APPLY_AT)[0]
         if not seq:
             return None
-        src, first, held, before, file_num, pos, journal = _APPLY.unpack_from(
-            buf, _APPLY_AT + 8 + (seq & 1) * _APPLY.size)
+        src, first, held, before, file_num, pos, journal = _APPLY.unpack_from(buf, _SLOTS[seq & 1])
         return src - 1, first, held, before - 1, (file_num, pos), journal - 1
 
 
