@@ -5,7 +5,9 @@ end of the control socketpair, its heartbeat page, one eventfd per shard — are
 named here, with the node's resolved options, so it never re-reads flags or config files.
 The config travels as JSON in the ``ENV`` environment variable. A worker that cannot start
 writes one line on stderr and exits with ``BOOT_ERROR``, which stops the node instead of
-respawning it.
+respawning it. A *standby* worker replaces a running shard (``supervisor/reload.py``): it boots
+as far as it can without the shard's queues, says ``Standby``, and takes the queues and
+connections over from the ``Handover`` of the process it replaces.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class BootConfig:
     control_fd: int  # inherited descriptors
     heartbeat_fd: int
     wake_fds: list[int]  # one eventfd per shard: wakes its inbound rings' owner
+    standby: bool = False  # a replacement: wait for the running shard's ``Handover``
 
     @property
     def inherited(self) -> list[int]:

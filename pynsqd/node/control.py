@@ -114,6 +114,7 @@ class ControlChannel:
         self._partial_fds: list[int] = []
         self._calls: dict[int, asyncio.Future[Message]] = {}
         self._next_rid = 0
+        self._when_sent: list[Callable[[], None]] = []
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -174,6 +175,31 @@ class ControlChannel:
         if not self._out and self._writing and self._loop is not None:
             self._writing = False
             self._loop.remove_writer(self.sock.fileno())
+        if not self._out and self._when_sent:
+            callbacks, self._when_sent = self._when_sent, []
+            for callback in callbacks:
+                callback()
+
+    def when_sent(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once everything sent so far is in the kernel: now, or once the
+        datagrams waiting for room have gone (never, if the channel closes first)."""
+        if not self._out:
+            callback()
+        else:
+            self._when_sent.append(callback)
+
+    async def sent(self) -> None:
+        """Wait until everything sent so far is in the kernel (or the channel closed)."""
+        if not self._out or self.closed or self._loop is None:
+            return
+        done: asyncio.Future[None] = self._loop.create_future()
+
+        def sent() -> None:
+            if not done.done():
+                done.set_result(None)
+        self.when_sent(sent)
+        while not done.done() and not self.closed:
+            await asyncio.wait([done], timeout=0.05)
 
     async def call(self, message: Message, fds: list[int] | None = None, wait: float = 10.0) -> Message:
         """Send a request and wait for its reply. Raises ``ConnectionError``/``TimeoutError``."""

@@ -100,6 +100,7 @@ class Broker:
         self.start_time = self.start_ns // 1_000_000_000
         self.health = "OK"
         self.exiting = False
+        self.frozen = False  # being handed over to a replacement: no pump runs (``hand_over``)
         self._backend_factory = backend_factory or (lambda name, ephemeral: DropBackend())
         self._queue_factory = queue_factory or self._process_queue
         self._dirty: dict[Any, None] = {}
@@ -140,6 +141,8 @@ class Broker:
 
     def _run_pumps(self) -> None:
         self._pump_handle = None
+        if self.frozen:
+            return
         dirty = self._dirty
         self._dirty = {}
         now = time.monotonic_ns()
@@ -391,6 +394,31 @@ class Broker:
                 topic.paused = paused
         finally:
             self.on_change = notify
+
+    # --- a replacement process carries on (``transfer.py``) --------------------------------
+    def hand_over(self) -> None:
+        """Stop, and leave every queue for a replacement process of this host to carry on
+        (``MessageQueue.hand_over``): no record moves, no segment is removed."""
+        self.frozen = self.exiting = True
+        if self._scan_handle is not None:
+            self._scan_handle.cancel()
+        if self._pump_handle is not None:
+            self._pump_handle.cancel()
+        if self.syncer is not None:
+            self.syncer.close()  # waits for a sync running on the worker thread
+        for topic in self.topics.values():
+            for channel in topic.channels.values():
+                channel.queue.hand_over()
+            topic.queue.hand_over()
+
+    def sync_all(self) -> None:
+        """Ask for a sync of every disk queue now (on the syncer's worker thread)."""
+        if self.syncer is None:
+            return
+        for topic in self.topics.values():
+            for queue in (topic.queue, *(c.queue for c in topic.channels.values())):
+                if isinstance(queue.backend, DiskQueue):
+                    self.syncer.request(queue.backend)
 
     # --- shutdown -------------------------------------------------------------------------
     def close(self) -> None:

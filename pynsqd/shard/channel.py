@@ -429,6 +429,37 @@ class Channel:
             client.in_flight_count = 0
         self.queue.close(deferred=memory_only)
 
+    # --- a shard's replacement (``transfer.py``) --------------------------------------------
+    def deliveries(self) -> list[tuple[Consumer, int, int, list[bytes], list[int]]]:
+        """What is in flight, one entry per delivery: (consumer, delivered, deadline, ids,
+        log positions)."""
+        groups: dict[int, tuple[Delivery, list[bytes], list[int]]] = {}
+        positions = self.in_flight_pos
+        for msg_id, delivery in self.in_flight.items():
+            group = groups.get(id(delivery))
+            if group is None:
+                group = groups[id(delivery)] = (delivery, [], [])
+            group[1].append(msg_id)
+            group[2].append(positions[msg_id])
+        return [(d.client, d.delivered, d.deadline, ids, pos) for d, ids, pos in groups.values()]
+
+    def hold_again(self, client: Consumer, ids: list[bytes], positions: list[int], delivered: int,
+                   deadline: int) -> int:
+        """Put recovered messages back in flight at ``client`` with the deadline the process
+        this channel was handed over from gave them (``deliveries``); returns how many were
+        found as they were left."""
+        kept = [(msg_id, pos) for msg_id, pos in zip(ids, positions) if self.queue.hold(pos, msg_id)]
+        if not kept:
+            return 0
+        delivery = Delivery([msg_id for msg_id, _ in kept], client, delivered, deadline)
+        self.timeouts.add(delivery)
+        self.in_flight.update(dict.fromkeys(delivery.ids, delivery))
+        self.in_flight_pos.update(kept)
+        client.in_flight_count += len(kept)
+        if not self.timed:
+            self._timers_added()
+        return len(kept)
+
     # --- stats ----------------------------------------------------------------------------
     @property
     def depth(self) -> int:

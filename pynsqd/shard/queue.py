@@ -42,7 +42,7 @@ from typing import Protocol
 
 from pynsqd.shm import sidecar as sidecar_file
 from pynsqd.shm.frames import Frames
-from pynsqd.shm.log import DEFERRED, DONE, READY, READY_HEADER, MessageLog
+from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, READY_HEADER, MessageLog
 from pynsqd.shm.segment import Segment
 from pynsqd.shm.store import BackendMark, Position, open_log
 
@@ -65,6 +65,7 @@ class Backend(Protocol):
     def empty(self) -> None: ...
     def delete(self) -> None: ...
     def close(self) -> None: ...
+    def release(self) -> None: ...
 
 
 class DropBackend:
@@ -96,6 +97,9 @@ class DropBackend:
         pass
 
     def close(self) -> None:
+        pass
+
+    def release(self) -> None:
         pass
 
 
@@ -280,6 +284,18 @@ class MessageQueue:
     def timestamp_at(self, pos: int) -> int:
         """The publish time (ns) of the message at ``pos``."""
         return self.log.timestamp_at(pos)
+
+    def hold(self, pos: int, msg_id: bytes) -> bool:
+        """The READY record at ``pos`` is in flight again, as the process this queue was
+        handed over from held it (``shard/transfer.py``); False if ``pos`` holds no READY
+        record of ``msg_id``."""
+        log = self.log
+        if not 0 <= pos < log.capacity or log.states[pos] != READY or log.id_at(pos) != msg_id:
+            return False
+        log.set_state(pos, IN_FLIGHT)
+        self.again.pop(pos, None)
+        self.ready -= 1
+        return True
 
     def requeue(self, pos: int) -> None:
         """Make the (in-flight or deferred) record at ``pos`` ready again, in place."""
@@ -506,6 +522,19 @@ class MessageQueue:
         if self.segment is not None:
             if unlink:
                 self.segment.unlink()
+            self.segment.close()
+
+    def hand_over(self) -> None:
+        """Let another process of this host carry on with this queue (a shard's replacement,
+        ``shard/transfer.py``): the backend's files are closed with their metadata written,
+        the segment is left as it is (in-flight and deferred records in place; the next
+        process recovers it), the journal stays."""
+        try:
+            self.backend.release()
+        except Exception:  # the next process repairs from the files, as after a crash
+            logger.exception("failed to hand %r over cleanly", self.backend)
+        self.log.close()
+        if self.segment is not None:
             self.segment.close()
 
     def _persist(self, path: str, held: Sequence[tuple[int, bytes]]) -> bool:

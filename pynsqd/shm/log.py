@@ -176,6 +176,11 @@ class MessageLog(ByteRing):
             size = FRAME.unpack_from(buf, HEADER_SIZE + pos - FRAME_SIZE)[0]
             kernels.deliver_run(buf, [pos], [pos + size], out, ids)
 
+    def id_at(self, pos: int) -> bytes:
+        """The message id of the record at ``pos``."""
+        at = HEADER_SIZE + pos + STATE_SIZE + ID_AT
+        return self._buf[at:at + 16].tobytes()
+
     def timestamp_at(self, pos: int) -> int:
         """The publish time (ns) of the message at ``pos``."""
         return int(_TIMESTAMP.unpack_from(self._buf, HEADER_SIZE + pos + STATE_SIZE)[0])

@@ -66,6 +66,7 @@ from pynsqd.node.messages import (
     Exit,
     Failed,
     HandOff,
+    Handover,
     Health,
     HealthRequest,
     HTTPResponse,
@@ -73,6 +74,7 @@ from pynsqd.node.messages import (
     Proxy,
     Quiesce,
     Ready,
+    ServeHTTP,
     SetConfig,
     ShardDocuments,
     Snapshot,
@@ -89,8 +91,9 @@ from pynsqd.shm.sizing import Host, plan
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.accept import Accepted, Acceptor
 from pynsqd.supervisor.handoff import greet
-from pynsqd.supervisor.httpaccept import HTTPAcceptor
+from pynsqd.supervisor.httpaccept import ACK_WAIT, HTTPAcceptor
 from pynsqd.supervisor.registration import Registration
+from pynsqd.supervisor.reload import Reloader
 from pynsqd.supervisor.slots import Slot
 from pynsqd.supervisor.startup import Startup
 from pynsqd.supervisor.statsd import StatsdLines, StatsdPusher, statsd_prefix
@@ -107,6 +110,7 @@ READY_TIMEOUT = 30.0
 TICK = 0.2  # seconds between reaping/heartbeat checks
 FIN_WAIT = 5.0  # seconds a shutting-down shard waits for consumers to FIN what they hold
 CALL_TIMEOUT = 30.0
+HANDOFF_TRIES = 5  # shards that may die under one connection before it is given up
 
 
 class Supervisor:
@@ -159,11 +163,15 @@ class Supervisor:
         self._next_any = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accept_task: asyncio.Task[None] | None = None
+        self._statsd_task: asyncio.Task[None] | None = None
         self._handlers: dict[type[Message], Callable[[Slot, Any, Received], None]] = {
             Ready: self._on_ready, Snapshot: self._on_snapshot, Updated: self._on_updated, Changed: self._on_changed,
             HandOff: self._on_handoff, StatsRequest: self._on_stats, HealthRequest: self._on_health,
-            Proxy: self._on_proxy, SetConfig: self._on_config,
+            Proxy: self._on_proxy, SetConfig: self._on_config, Handover: self._on_handover,
+            ServeHTTP: self._on_serve_http,
         }
+        self.argv: list[str] = sys.argv[1:]  # the command line, read again by a reload
+        self.reloader = Reloader(self)
 
     def _sweep_segments(self, topics: list[TopicRecord], keep: set[str]) -> None:
         """Once per node, before any shard runs: remove this node's segments that belong to
@@ -205,20 +213,28 @@ class Supervisor:
     def spawn(self, slot: Slot) -> None:
         """Start the shard of ``slot``. Raises ``OSError`` (descriptors or processes
         exhausted) with nothing left open."""
-        here, there = channel_pair()
         slot.reset_heartbeat()
-        boot = BootConfig(index=slot.index, shards=self.shards, parent=os.getpid(), opts=self.opts,
+        slot.pid, slot.channel = self.launch(slot.index)
+        slot.started = time.monotonic()
+        log.info("shard %d: started (pid %d)", slot.index, slot.pid)
+
+    def launch(self, index: int, standby: bool = False) -> tuple[int, ControlChannel]:
+        """A worker process for shard ``index`` (``standby``: to replace the running one,
+        ``reload.py``) and its control channel. Raises ``OSError`` with nothing left open."""
+        here, there = channel_pair()
+        boot = BootConfig(index=index, shards=self.shards, parent=os.getpid(), opts=self.opts,
                           log_sizing=self.log_sizing, start_time=self.start_time, start_ns=self.start_ns,
                           tcp_port=self.tcp_port, http_port=self.http_port, https_port=self.https_port,
                           http=self.http_socket is not None, https=self.https_socket is not None,
-                          control_fd=there.fileno(), heartbeat_fd=slot.heartbeat.fd, wake_fds=self.wake_fds)
+                          control_fd=there.fileno(), heartbeat_fd=self.slots[index].heartbeat.fd,
+                          wake_fds=self.wake_fds, standby=standby)
         fds = boot.inherited
         env = dict(os.environ)
         env[ENV] = boot.encode()
         for fd in fds:
             os.set_inheritable(fd, True)
         try:
-            slot.pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "pynsqd.shard.worker"], env)
+            pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "pynsqd.shard.worker"], env)
         except OSError:
             here.close()
             raise
@@ -226,10 +242,16 @@ class Supervisor:
             for fd in fds:
                 os.set_inheritable(fd, False)
             there.close()
-        slot.started = time.monotonic()
-        slot.channel = ControlChannel(here, self._on_control, f"shard {slot.index}")
-        slot.channel.start(asyncio.get_running_loop())
-        log.info("shard %d: started (pid %d)", slot.index, slot.pid)
+        channel = ControlChannel(here, self._on_control, f"shard {index}")
+        channel.on_close = self._channel_closed
+        channel.start(asyncio.get_running_loop())
+        return pid, channel
+
+    def _channel_closed(self, channel: ControlChannel) -> None:
+        """A shard's process is gone (reaped soon): nothing more is handed to it."""
+        for slot in self.slots:
+            if slot.channel is channel:
+                slot.ready.clear()
 
     def handle_chld(self) -> None:
         """Reap every dead shard; classify its exit; schedule its restart."""
@@ -240,11 +262,14 @@ class Supervisor:
                 return
             if pid == 0:
                 return
+            code = os.waitstatus_to_exitcode(status)
             slot = next((s for s in self.slots if s.pid == pid), None)
             if slot is None:
+                self.reloader.reaped(pid, code)  # a replacement, or a replaced shard's process
                 continue
-            code = os.waitstatus_to_exitcode(status)
             slot.died()
+            if slot.successor is not None:  # it died while being replaced: a crash after all
+                self.reloader.abandon(slot)
             if self._stopping:
                 continue
             if code == BOOT_ERROR:
@@ -309,7 +334,11 @@ class Supervisor:
 
     # --- control messages from shards ---------------------------------------------------------
     def _on_control(self, chan: ControlChannel, received: Received) -> None:
-        slot = next(s for s in self.slots if s.channel is chan)
+        slot = next((s for s in self.slots if s.channel is chan), None)
+        if slot is None:  # a replacement, not yet serving its slot
+            slot = next((s for s in self.slots if s.successor is not None and s.successor.channel is chan), None)
+            if slot is None or self.reloader.from_successor(slot, received.message):
+                return
         handler = self._handlers.get(type(received.message))
         if handler is None:
             log.error("shard %d: unexpected control message %s", slot.index, received.message.op)
@@ -319,6 +348,14 @@ class Supervisor:
     def _on_ready(self, slot: Slot, msg: Ready, received: Received) -> None:
         slot.ready.set()
         log.info("shard %d: ready", slot.index)
+        self.http_acceptor.flush()
+
+    def _on_handover(self, slot: Slot, msg: Handover, received: Received) -> None:
+        self.reloader.relay(slot, msg, received.take_fds())
+
+    def _on_serve_http(self, slot: Slot, msg: ServeHTTP, received: Received) -> None:
+        """Idle HTTP connections a shard being replaced gives back: another shard serves them."""
+        self.http_acceptor.give([socket.socket(fileno=fd) for fd in received.take_fds()], msg.tls)
 
     def _on_snapshot(self, slot: Slot, msg: Snapshot, received: Received) -> None:
         self.topics.replace(slot.index, msg.topics)
@@ -368,9 +405,42 @@ class Supervisor:
     async def _precreate_channels(self, topic: str) -> None:
         names = sorted(n for n in await self.registration.channels_for(topic)
                        if not is_ephemeral(n) and is_valid_name(n))
-        slot = self.slots[self.placement.owner(topic)]
-        if names and slot.channel is not None and not slot.channel.closed:
-            slot.channel.send(CreateChannels(topic, names))
+        if names:
+            await self._send_to(self.slots[self.placement.owner(topic)], CreateChannels(topic, names))
+
+    async def _send_to(self, slot: Slot, msg: Message) -> None:
+        """``msg`` to ``slot``'s shard (one being replaced: to its replacement, once ready)."""
+        if slot.swapping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(slot.ready.wait(), CALL_TIMEOUT)
+        if slot.channel is not None and not slot.channel.closed:
+            slot.channel.send(msg)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def apply_options(self, new: NsqdOptions, names: list[str]) -> None:
+        """A reload's options (``reload.py``): the supervisor's own settings change now, the
+        shards' with each replacement (they boot with ``self.opts``)."""
+        for name in names:
+            setattr(self.opts, name, getattr(new, name))
+        if "log_level" in names:
+            logs.set_level(self.opts.log_level)
+        if "lookupd_tcp_address" in names:
+            self.registration.set_addresses(self.opts.lookupd_tcp_address)
+        if any(name.startswith("statsd_") for name in names) and self._accept_task is not None \
+                and self._accept_task.done():
+            self._start_statsd()
+
+    def _start_statsd(self) -> None:
+        if self._statsd_task is not None:
+            self._statsd_task.cancel()
+            self._statsd_task = None
+        if self.opts.statsd_address:
+            self._statsd_task = asyncio.get_running_loop().create_task(self._statsd().run())
+            self._tasks.add(self._statsd_task)
+            self._statsd_task.add_done_callback(self._task_done)
 
     def _config(self, origin: Slot, msg: SetConfig) -> None:
         """``PUT /config/<opt>`` succeeded on one shard: apply it node-wide."""
@@ -382,8 +452,8 @@ class Supervisor:
             self.opts.log_level = level
             logs.set_level(level)
         for slot in self.slots:
-            if slot is not origin and slot.channel is not None and not slot.channel.closed:
-                slot.channel.send(msg)
+            if slot is not origin:
+                self._spawn_task(self._send_to(slot, msg))
 
     async def _ready_slot(self, index: int | None) -> Slot | None:
         if index is None:
@@ -398,12 +468,23 @@ class Supervisor:
 
     async def _handoff(self, index: int | None, sock: socket.socket, state: ConnectionState,
                        unread: bytes) -> None:
+        """Give a TCP connection to shard ``index`` (None: any), once it is ready. ``Adopt``
+        is a call: the shard answers before it reads a byte, and until then the connection is
+        ours; a shard that dies first leaves it unread, for the process that replaces it."""
         try:
-            slot = await self._ready_slot(index)
-            if slot is None or self._stopping or slot.channel is None or slot.channel.closed:
+            for _ in range(HANDOFF_TRIES):
+                slot = await self._ready_slot(index)
+                channel = slot.channel if slot is not None else None
+                if self._stopping or channel is None or channel.closed:
+                    return
+                try:
+                    await channel.call(Adopt(state, unread), [sock.fileno()], wait=ACK_WAIT)
+                except ConnectionError:
+                    continue  # died first: its replacement (or another shard) gets it, unread
+                except TimeoutError:
+                    pass  # alive but silent for that long: it may have it
+                self.handoffs += 1
                 return
-            slot.channel.send(Adopt(state, unread), [sock.fileno()])
-            self.handoffs += 1
         finally:
             sock.close()
 
@@ -411,12 +492,18 @@ class Supervisor:
         return [r for _, r in await self._call_each(msg)]
 
     async def _call_each(self, msg: Message, skip: int = -1) -> list[tuple[int, Message]]:
-        """``msg`` to every ready shard but ``skip``: (shard index, reply) of those that answered."""
-        slots = [s for s in self.slots if s.index != skip and s.is_ready and s.channel is not None
-                 and not s.channel.closed]
-        replies = await asyncio.gather(*(s.channel.call(msg, wait=CALL_TIMEOUT) for s in slots if s.channel),
-                                       return_exceptions=True)
+        """``msg`` to every ready shard but ``skip`` (one being replaced: to its replacement,
+        once ready): (shard index, reply) of those that answered."""
+        slots = [s for s in self.slots if s.index != skip and (s.is_ready or s.swapping)]
+        replies = await asyncio.gather(*(self._call_slot(s, msg) for s in slots), return_exceptions=True)
         return [(s.index, r) for s, r in zip(slots, replies) if isinstance(r, Message)]
+
+    async def _call_slot(self, slot: Slot, msg: Message) -> Message:
+        if slot.swapping:
+            await asyncio.wait_for(slot.ready.wait(), CALL_TIMEOUT)
+        if slot.channel is None or slot.channel.closed:
+            raise ConnectionError(f"shard {slot.index} is down")
+        return await slot.channel.call(msg, wait=CALL_TIMEOUT)
 
     async def _stats(self, slot: Slot, msg: StatsRequest, received: Received) -> None:
         """A shard's ``/stats``: the other shards' documents, passed on unparsed with their
@@ -453,7 +540,7 @@ class Supervisor:
 
     def stats(self) -> dict[str, Any]:
         return {"shards": self.shards, "handoffs": self.handoffs, "http_handoffs": self.http_acceptor.handed,
-                "shard_restarts": sum(s.restarts for s in self.slots),
+                "shard_restarts": sum(s.restarts for s in self.slots), **self.reloader.stats(),
                 "shard_status": [{"shard": s.index, "pid": s.pid, "ready": s.is_ready,
                                   "restarts": s.restarts} for s in self.slots]}
 
@@ -469,7 +556,8 @@ class Supervisor:
     async def _run_at_owner(self, msg: Proxy) -> HTTPResponse | Failed:
         slot = self.slots[msg.shard]
         deadline = time.monotonic() + PROXY_WAIT
-        if slot.pid == 0 or (slot.restarts and not slot.is_ready) or (slot.channel is not None and slot.channel.closed):
+        if not slot.swapping and (slot.pid == 0 or (slot.restarts and not slot.is_ready)
+                                  or (slot.channel is not None and slot.channel.closed)):
             return Failed(f"shard {slot.index} is down")
         try:
             await asyncio.wait_for(slot.ready.wait(), PROXY_WAIT)
@@ -487,7 +575,7 @@ class Supervisor:
     # --- main loop ------------------------------------------------------------------------------
     async def main(self) -> int:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(signum, self._signals.put_nowait, int(signum))
         log.info("pynsqd %s (nsqd v%s compatible), %d shard(s)", __version__, NSQ_VERSION, self.shards)
         log.info("ID: %d", self.opts.node_id)
@@ -509,6 +597,9 @@ class Supervisor:
                 self.handle_chld()
                 self.murder(time.monotonic())
                 continue
+            if sig == signal.SIGHUP:
+                self.reloader.request()
+                continue
             log.info("received signal %d, shutting down", sig)
             await self.exit()
         if self.fatal:
@@ -528,11 +619,14 @@ class Supervisor:
         for listener, tls in ((self.http_socket, False), (self.https_socket, True)):
             if listener is not None:
                 self.http_acceptor.start(loop, listener, tls)
-        if self.opts.statsd_address:
-            self._spawn_task(self._statsd().run())
+        self._start_statsd()
         self.registration.set_addresses(self.opts.lookupd_tcp_address)
         self.tcp_acceptor.start(loop)
-        sdnotify.notify("READY=1", f"STATUS=serving TCP on {describe(self.tcp_socket)}, {self.shards} shard(s)")
+        sdnotify.notify("READY=1", self.status())
+
+    def status(self) -> str:
+        """The ``STATUS=`` line for systemd."""
+        return f"STATUS=serving TCP on {describe(self.tcp_socket)}, {self.shards} shard(s)"
 
     def _greet(self, accepted: Accepted) -> None:
         """TCP connections: each is read up to its first routing command, then handed to the
@@ -552,6 +646,7 @@ class Supervisor:
         deadline = started + SHUTDOWN_DEADLINE
         if self._accept_task is not None:
             self._accept_task.cancel()
+        self.reloader.stop()
         self.tcp_acceptor.stop()
         self.http_acceptor.stop()
         for task in list(self._tasks):
