@@ -359,6 +359,16 @@ print(u.urlopen("http://127.0.0.1:4171/api/nodes").read().decode())'""")
     assert sh("systemctl is-active nsqd-supervisor") == "active"
     assert channel_depth(sh) == 5
 
+    # SIGUSR2 to the main process: the supervisor re-executes itself in place (same MAINPID),
+    # sandboxed as it is, and reloads the shards
+    sh("systemctl kill --kill-whom=main --signal=SIGUSR2 nsqd-supervisor")
+    wait_for(lambda: sh("journalctl -u nsqd-supervisor --no-pager -n 80").count("reloaded:") >= 2, 120,
+             interval=0.5, what="the upgrade and its reload")
+    assert "upgraded: this supervisor" in sh("journalctl -u nsqd-supervisor --no-pager -n 80")
+    assert sh("systemctl show -p MainPID --value nsqd-supervisor") == main_pid
+    assert sh("systemctl is-active nsqd-supervisor") == "active"
+    assert channel_depth(sh) == 5
+
     # a clean stop: SIGTERM to the supervisor, exit 0 well inside TimeoutStopSec; the queue is on disk
     sh("systemctl stop nsqd-supervisor")
     assert sh("systemctl show -p Result -p ExecMainStatus nsqd-supervisor").split() == ["Result=success",

@@ -6,9 +6,12 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -17,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import pynsqd
 from pynsqd.wire.commands import encode_fin, encode_pub, encode_rdy, encode_req, encode_sub
 from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE
 from tests.support.certs import Certs
@@ -298,3 +302,116 @@ def with_suppressed(action: Callable[[], None]) -> None:
         action()
     except ProcessLookupError:
         pass
+
+
+# --- upgrading the supervisor (SIGUSR2) ------------------------------------------------------
+
+@pytest.fixture
+def installed(tmp_path: Path) -> Path:
+    """A copy of the installed package to run a node from, so a test can change it under
+    the running node, as an upgrade of the package does."""
+    root = tmp_path / "installed"
+    shutil.copytree(Path(pynsqd.__file__).parent, root / "pynsqd", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def _node_from(installed: Path, tmp_path: Path, *args: str) -> Daemon:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    return Daemon("pynsqd.supervisor", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                                        f"--data-path={data}", *args], cwd=str(installed)).start()
+
+
+def _set_version(installed: Path, version: str) -> None:
+    init = installed / "pynsqd" / "__init__.py"
+    init.write_text(re.sub(r'__version__ = "[^"]*"', f'__version__ = "{version}"', init.read_text()))
+
+
+class Connector:
+    """Opens a new TCP connection and publishes on it, again and again, on a thread: counts
+    the attempts refused or failed and the publishes answered."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.address = address
+        self.refused: list[str] = []
+        self.answered = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with RawClient(self.address) as c:
+                    c.send(encode_pub("connector", b"x"))
+                    c.expect_ok()
+                self.answered += 1
+            except (OSError, AssertionError) as exc:
+                self.refused.append(repr(exc))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(scaled(30))
+
+
+def test_an_upgrade_re_executes_the_installed_supervisor_in_place(installed: Path, tmp_path: Path) -> None:
+    """SIGUSR2: the supervisor re-executes the installed code with the same pid, its
+    listeners and shards inherited, then replaces the shards too; no connection attempt is
+    refused at any point, and a consumer holding messages carries on as if nothing happened."""
+    nsqd = _node_from(installed, tmp_path, "--shards=2", "--msg-timeout=60s")
+    try:
+        with RawClient(nsqd.tcp) as p, RawClient(nsqd.tcp) as c:
+            c.subscribe("up", "c", rdy=0)
+            for i in range(4):
+                p.send(encode_pub("up", b"u%d" % i))
+                p.expect_ok()
+            c.send(encode_rdy(2))
+            held = c.read_messages(2)
+            before = supervisor(nsqd)
+            _set_version(installed, "9.9.9")
+            connector = Connector(nsqd.tcp)
+            try:
+                nsqd.signal(signal.SIGUSR2)
+                wait_for(lambda: supervisor(nsqd)["upgrades"] == 1 and supervisor(nsqd)["reloads"] == 1, 90,
+                         what="the upgrade and its reload")
+                wait_for(lambda: connector.answered > 50, 30, what="connections after the upgrade")
+            finally:
+                connector.stop()
+            assert connector.refused == []
+            after = supervisor(nsqd)
+            assert after["version"] == "9.9.9" and {s["version"] for s in after["shard_status"]} == {"9.9.9"}
+            assert not {s["pid"] for s in after["shard_status"]} & {s["pid"] for s in before["shard_status"]}
+            nsqd.wait_for_log(r"pynsqd 9\.9\.9 \(nsqd v")
+            nsqd.wait_for_log(rf"upgraded: this supervisor \(pid {nsqd.pid}\) runs the installed code")
+            for msg in held:
+                c.send(encode_fin(msg.id))
+            c.send(encode_rdy(10))
+            rest = c.read_messages(2)
+            assert {m.body for m in held + rest} == {b"u0", b"u1", b"u2", b"u3"}
+            assert all(m.attempts == 1 for m in rest)
+            p.send(encode_pub("up", b"after"))
+            p.expect_ok()
+            assert c.read_message().body == b"after"
+            assert not any(kind == FRAME_ERROR for kind, _ in c.frames + p.frames)
+    finally:
+        nsqd.stop()
+        remove_segments([nsqd])
+
+
+def test_an_upgrade_to_code_that_does_not_start_is_refused(installed: Path, tmp_path: Path) -> None:
+    """The installed code is started first, apart: when it fails, the upgrade is refused
+    with its error, and the node runs on untouched."""
+    nsqd = _node_from(installed, tmp_path, "--shards=1")
+    try:
+        before = supervisor(nsqd)
+        (installed / "pynsqd" / "shard" / "handover.py").write_text("def broken(:\n")
+        nsqd.signal(signal.SIGUSR2)
+        nsqd.wait_for_log(r"upgrade refused: pynsqd\.shard\.worker fails to start - SyntaxError", timeout=60)
+        with RawClient(nsqd.tcp) as p:
+            p.send(encode_pub("still", b"x"))
+            p.expect_ok()
+        after = supervisor(nsqd)
+        assert after["upgrades"] == 0 and after["shard_status"] == before["shard_status"]
+    finally:
+        nsqd.stop()
+        remove_segments([nsqd])

@@ -21,6 +21,7 @@ from pynsqd.node.config import NsqdOptions
 from pynsqd.shm.sizing import LogSizing
 
 ENV = "PYNSQD_WORKER"  # the environment variable naming a spawned process as a worker
+IMPORT_CHECK = "PYNSQD_IMPORT_CHECK"  # set: import everything, parse the command line, exit 0
 BOOT_ERROR = 3  # exit status: this worker cannot start; do not respawn (gunicorn's 3 too)
 
 

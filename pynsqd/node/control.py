@@ -115,6 +115,7 @@ class ControlChannel:
         self._calls: dict[int, asyncio.Future[Message]] = {}
         self._next_rid = 0
         self._when_sent: list[Callable[[], None]] = []
+        self._held: list[tuple[dict[str, Any], bytes, list[int]]] | None = None  # ``hold``
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -127,9 +128,38 @@ class ControlChannel:
         header, payload = message.encode()
         self._send(header, payload, fds)
 
+    def hold(self) -> None:
+        """Keep every message but replies back until ``release`` (the peer is about to
+        re-execute itself: it must find nothing half-read)."""
+        if self._held is None:
+            self._held = []
+
+    def release(self) -> None:
+        """Send what ``hold`` kept back, in order."""
+        held, self._held = self._held, None
+        for header, payload, fds in held or []:
+            try:
+                self._send(header, payload, fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    def detach(self) -> int:
+        """Stop using the socket without closing it (it survives an ``exec``); its descriptor.
+        What was received and not yet handled is lost: call when nothing is in flight."""
+        if self._loop is not None:
+            self._loop.remove_reader(self.sock.fileno())
+            if self._writing:
+                self._loop.remove_writer(self.sock.fileno())
+        self.closed = True
+        return self.sock.detach()
+
     def _send(self, header: dict[str, Any], payload: bytes, fds: list[int] | None = None) -> None:
         if self.closed:
             raise ConnectionError(f"control channel {self.name} closed")
+        if self._held is not None and "re" not in header:
+            self._held.append((header, payload, [os.dup(fd) for fd in fds or []]))
+            return
         if fds and len(fds) > MAX_FDS:
             raise ValueError(f"{len(fds)} descriptors in one control message (at most {MAX_FDS})")
         chunks = encode(header, payload)

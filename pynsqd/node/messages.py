@@ -210,6 +210,7 @@ class Resume(Message):
 class Ready(Message):
     op: ClassVar[str] = "ready"
     pid: int
+    version: str = ""  # the pynsqd the shard runs (a reload or an upgrade changes it)
 
 
 @message

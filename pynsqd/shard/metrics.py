@@ -122,6 +122,7 @@ _SUPERVISOR = [  # (key of the "supervisor" stats object, metric name, kind, hel
     ("reloads", "nsq_supervisor_reloads", "counter", "Rolling restarts completed (SIGHUP)"),
     ("shards_replaced", "nsq_supervisor_shards_replaced", "counter",
      "Shard processes replaced by a new one, connections and state handed over, by rolling restarts"),
+    ("upgrades", "nsq_supervisor_upgrades", "counter", "Times the supervisor re-executed itself (SIGUSR2)"),
     ("handoffs", "nsq_supervisor_handoffs", "counter", "TCP connections handed to a shard"),
     ("http_handoffs", "nsq_supervisor_http_handoffs", "counter", "HTTP and HTTPS connections handed to a shard"),
     ("relays", "nsq_supervisor_relays", "counter", "Connections relayed from one shard to another"),

@@ -50,10 +50,10 @@ from typing import Any
 import orjson
 import uvloop
 
-from pynsqd import logs
+from pynsqd import __version__, logs
 from pynsqd.httpserver import EmbeddedServer, embedded_server
 from pynsqd.node import metadata
-from pynsqd.node.boot import BOOT_ERROR, BootConfig
+from pynsqd.node.boot import BOOT_ERROR, IMPORT_CHECK, BootConfig
 from pynsqd.node.control import ControlChannel, Received
 from pynsqd.node.datapath import make_backend, recoverable
 from pynsqd.node.heartbeat import Heartbeat
@@ -69,11 +69,13 @@ from pynsqd.node.messages import (
     Handover,
     Health,
     HealthRequest,
+    Hold,
     HTTPResponse,
     Message,
     Quiesce,
     Ready,
     Release,
+    Resume,
     RunHTTP,
     ServeHTTP,
     SetConfig,
@@ -141,7 +143,8 @@ class ShardWorker:
             Adopt: self._adopt, ServeHTTP: self._serve_http, StatsRequest: self._stats,
             HealthRequest: self._health, RunHTTP: self._run_http, SetConfig: self._set_config,
             CreateChannels: self._create_channels, Quiesce: self._quiesce, Exit: self._exit,
-            Drain: self._drain, Release: self._release, Handover: self._handover,
+            Drain: self._drain, Release: self._release, Handover: self._handover, Hold: self._hold,
+            Resume: self._resume,
         }
         self.takeover = Takeover(self.broker, self._client) if boot.standby else None
         self.handed_over = False  # released to a replacement: exit without touching the queues
@@ -339,6 +342,17 @@ class ShardWorker:
         await self.control.sent()
         self._stop.set()
 
+    def _hold(self, msg: Hold, received: Received) -> None:
+        """The supervisor is about to re-execute itself: send nothing but replies until it
+        says ``Resume``."""
+        self.control.reply(received, Done())
+        self.control.hold()
+
+    def _resume(self, msg: Resume, received: Received) -> None:
+        self.control.release()
+        self._send_snapshot()  # the new supervisor's table of topics starts from this
+        self.control.reply(received, Done())
+
     def _handover(self, msg: Handover, received: Received) -> None:
         if self.takeover is None:
             log.error("handover part received by a shard that replaces none")
@@ -413,7 +427,7 @@ class ShardWorker:
             self._https_task = loop.create_task(self._https_server.serve(sockets=[]))
             self._https_task.add_done_callback(self._server_ended)
         self._send_snapshot()
-        self.control.send(Ready(os.getpid()))
+        self.control.send(Ready(os.getpid(), __version__))
         try:
             await self._stop.wait()
         finally:
@@ -507,9 +521,14 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
 
 
 def main() -> None:
+    if os.environ.get(IMPORT_CHECK):  # an upgrade's preflight: the installed code imports
+        return
     boot = BootConfig.from_environment()
     die_with_parent(boot.parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor coordinates Ctrl-C
+    # the supervisor coordinates Ctrl-C, reloads and upgrades (a signal sent to the whole
+    # process group, or by ``systemctl kill``, must not stop a shard)
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
     logs.setup(f"{boot.opts.log_prefix}[shard {boot.index}] ", boot.opts.log_level)
     try:
         worker = ShardWorker(boot)

@@ -56,8 +56,7 @@ from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.control import PROXY_WAIT, ControlChannel, Received, channel_pair
-from pynsqd.node.datapath import recoverable
-from pynsqd.node.heartbeat import STALL_AFTER
+from pynsqd.node.heartbeat import STALL_AFTER, Heartbeat
 from pynsqd.node.messages import (
     Adopt,
     Changed,
@@ -83,10 +82,10 @@ from pynsqd.node.messages import (
     Updated,
 )
 from pynsqd.node.metadata import TopicRecord
+from pynsqd.node.placement import Placement
 from pynsqd.node.rings import create_rings, release_rings
 from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
-from pynsqd.shm import store
 from pynsqd.shm.sizing import Host, plan
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.accept import Accepted, Acceptor
@@ -95,9 +94,10 @@ from pynsqd.supervisor.httpaccept import ACK_WAIT, HTTPAcceptor
 from pynsqd.supervisor.registration import Registration
 from pynsqd.supervisor.reload import Reloader
 from pynsqd.supervisor.slots import Slot
-from pynsqd.supervisor.startup import Startup
+from pynsqd.supervisor.startup import Startup, sweep_segments
 from pynsqd.supervisor.statsd import StatsdLines, StatsdPusher, statsd_prefix
 from pynsqd.supervisor.topictable import MetadataWriter, TopicTable
+from pynsqd.supervisor.upgrade import SIGNALS, Inherited, Upgrader
 from pynsqd.wire.lookup import IdentifyInfo
 from pynsqd.wire.names import is_ephemeral, is_valid_name
 
@@ -116,11 +116,51 @@ HANDOFF_TRIES = 5  # shards that may die under one connection before it is given
 class Supervisor:
     """One nsqd node: N shard processes behind one set of listeners."""
 
-    def __init__(self, opts: NsqdOptions, shards: int) -> None:
+    def __init__(self, opts: NsqdOptions, shards: int, inherited: Inherited | None = None) -> None:
         self.opts = opts
         self.shards = shards
-        # what needs no file first (TLS files, addresses, ports), then the data path: a start
-        # that fails says one line and leaves nothing behind (``Startup``)
+        self.inherited = inherited  # this image replaced a running supervisor (``upgrade.py``)
+        self.host = Host.now()
+        if inherited is None:
+            topics = self._start()
+        else:
+            topics = self._take_over(inherited)
+        self.topics = TopicTable(shards)
+        for topic in topics:
+            self.topics.update(self.placement.owner(topic.name), [topic], [])
+        self.metadata = MetadataWriter(opts.data_dir, self.topics.encode)
+        self.tcp_acceptor = Acceptor("TCP", self.tcp_socket, self._greet)
+        self.http_acceptor = HTTPAcceptor(self.slots)
+        self.registration = Registration(self.identity, self.topics.registrations, opts.max_body_size)
+        self.handoffs = 0
+        self.fatal: str | None = None
+        self._signals: asyncio.Queue[int] = asyncio.Queue()  # signal numbers, from the handlers
+        self._stopping = False
+        self._exited = False
+        self._next_any = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._accept_task: asyncio.Task[None] | None = None
+        self._statsd_task: asyncio.Task[None] | None = None
+        self._handlers: dict[type[Message], Callable[[Slot, Any, Received], None]] = {
+            Ready: self._on_ready, Snapshot: self._on_snapshot, Updated: self._on_updated, Changed: self._on_changed,
+            HandOff: self._on_handoff, StatsRequest: self._on_stats, HealthRequest: self._on_health,
+            Proxy: self._on_proxy, SetConfig: self._on_config, Handover: self._on_handover,
+            ServeHTTP: self._on_serve_http,
+        }
+        self.argv: list[str] = sys.argv[1:]  # the command line, read again by a reload
+        self.reloader = Reloader(self)
+        self.upgrader = Upgrader(self)
+        if inherited is not None:
+            counters = inherited.counters
+            self.handoffs, self.http_acceptor.handed = counters["handoffs"], counters["http_handoffs"]
+            self.reloader.reloads, self.reloader.replaced = counters["reloads"], counters["shards_replaced"]
+            self.upgrader.upgrades = counters["upgrades"] + 1
+
+    def _start(self) -> list[TopicRecord]:
+        """What needs no file first (TLS files, addresses, ports), then the data path: a start
+        that fails says one line and leaves nothing behind (``Startup``). The topics of
+        ``nsqd.dat``."""
+        opts, shards = self.opts, self.shards
         try:
             tls_ctx = build_server_context(opts)  # each shard builds its own from the same files
         except (OSError, ssl.SSLError) as exc:
@@ -141,54 +181,33 @@ class Supervisor:
             keep = leftover_rings.rescue(opts, shards, self.placement.owner, topics)  # before any shard
             self.rings = create_rings(opts.data_dir, shards)
             start.on_failure(lambda: release_rings(self.rings))
-        self.topics = TopicTable(shards)
-        for topic in topics:
-            self.topics.update(self.placement.owner(topic.name), [topic], [])
-        self.metadata = MetadataWriter(opts.data_dir, self.topics.encode)
-        self._sweep_segments(topics, keep)
+        sweep_segments(opts.data_dir, topics, {seg.name for seg in self.rings} | keep, self.placement.owner)
         self.wake_fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(shards)]
         self.slots = [Slot(i) for i in range(shards)]
-        self.tcp_acceptor = Acceptor("TCP", self.tcp_socket, self._greet)
-        self.http_acceptor = HTTPAcceptor(self.slots)
-        self.registration = Registration(self.identity, self.topics.registrations, opts.max_body_size)
         self.start_ns = time.time_ns()
         self.start_time = self.start_ns // 1_000_000_000
-        self.host = Host.now()
         self.log_sizing = plan(opts.mem_queue_bytes, opts.max_msg_size, self.host)  # every shard's
-        self.handoffs = 0
-        self.fatal: str | None = None
-        self._signals: asyncio.Queue[int] = asyncio.Queue()  # signal numbers, from the handlers
-        self._stopping = False
-        self._exited = False
-        self._next_any = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._accept_task: asyncio.Task[None] | None = None
-        self._statsd_task: asyncio.Task[None] | None = None
-        self._handlers: dict[type[Message], Callable[[Slot, Any, Received], None]] = {
-            Ready: self._on_ready, Snapshot: self._on_snapshot, Updated: self._on_updated, Changed: self._on_changed,
-            HandOff: self._on_handoff, StatsRequest: self._on_stats, HealthRequest: self._on_health,
-            Proxy: self._on_proxy, SetConfig: self._on_config, Handover: self._on_handover,
-            ServeHTTP: self._on_serve_http,
-        }
-        self.argv: list[str] = sys.argv[1:]  # the command line, read again by a reload
-        self.reloader = Reloader(self)
+        return topics
 
-    def _sweep_segments(self, topics: list[TopicRecord], keep: set[str]) -> None:
-        """Once per node, before any shard runs: remove this node's segments that belong to
-        no queue of nsqd.dat and hold nothing worth recovering (deleted or ephemeral queues,
-        empty logs). Segments with messages of a durable queue missing from nsqd.dat stay:
-        the topic's owner (placement) recreates the queue when it boots. This run's rings are
-        kept, and ``keep``: leftover rings whose messages could not be stored yet."""
-        path = self.opts.data_dir
-        queues = ([("topic", t.name) for t in topics]
-                  + [("channel", f"{t.name}:{c.name}") for t in topics for c in t.channels])
-        claimed = store.claimed_names(path, queues) | {seg.name for seg in self.rings} | keep
-        for shm_name, kind, name, records in store.leftovers(path, claimed):
-            if recoverable(kind, name, records):
-                log.warning("%s %s: found in shared memory only; shard %d recovers it", kind.upper(), name,
-                            self.placement.owner(name.partition(":")[0]))
-            else:
-                store.unlink_segment(shm_name)
+    def _take_over(self, inherited: Inherited) -> list[TopicRecord]:
+        """A new image of a running supervisor (``upgrade.py``): its listeners, lock, rings,
+        shards and start time as the previous image left them. The topics of ``nsqd.dat``."""
+        if len(inherited.shards) != self.shards:
+            raise UsageError(f"cannot take over {len(inherited.shards)} shard(s) with --shards={self.shards}")
+        self.tcp_socket = socket.socket(fileno=inherited.tcp_fd)
+        self.http_socket = inherited.socket(inherited.http_fd)
+        self.https_socket = inherited.socket(inherited.https_fd)
+        self._lock_fd = inherited.lock_fd
+        topics = metadata.load(self.opts.data_dir)
+        self.placement = Placement(self.opts.data_dir, self.shards)
+        self.rings = create_rings(self.opts.data_dir, self.shards)  # they exist: opened as they are
+        self.wake_fds = list(inherited.wake_fds)
+        self.slots = [Slot(s.index, Heartbeat(s.heartbeat_fd)) for s in inherited.shards]
+        for slot, shard in zip(self.slots, inherited.shards):
+            slot.pid, slot.restarts, slot.version = shard.pid, shard.restarts, shard.version
+        self.start_ns, self.start_time = inherited.start_ns, inherited.start_time
+        self.log_sizing = inherited.log_sizing
+        return topics
 
     # --- identity, registration, metadata ---------------------------------------------------
     @property
@@ -346,6 +365,7 @@ class Supervisor:
         handler(slot, received.message, received)
 
     def _on_ready(self, slot: Slot, msg: Ready, received: Received) -> None:
+        slot.version = msg.version
         slot.ready.set()
         log.info("shard %d: ready", slot.index)
         self.http_acceptor.flush()
@@ -540,9 +560,11 @@ class Supervisor:
 
     def stats(self) -> dict[str, Any]:
         return {"shards": self.shards, "handoffs": self.handoffs, "http_handoffs": self.http_acceptor.handed,
-                "shard_restarts": sum(s.restarts for s in self.slots), **self.reloader.stats(),
+                "shard_restarts": sum(s.restarts for s in self.slots), "reloads": self.reloader.reloads,
+                "shards_replaced": self.reloader.replaced, "upgrades": self.upgrader.upgrades,
+                "version": __version__,
                 "shard_status": [{"shard": s.index, "pid": s.pid, "ready": s.is_ready,
-                                  "restarts": s.restarts} for s in self.slots]}
+                                  "restarts": s.restarts, "version": s.version} for s in self.slots]}
 
     async def _proxy(self, origin: Slot, msg: Proxy, received: Received) -> None:
         """An admin call for a topic another shard owns, run at the owner. An owner known to be
@@ -575,13 +597,16 @@ class Supervisor:
     # --- main loop ------------------------------------------------------------------------------
     async def main(self) -> int:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in SIGNALS:
             loop.add_signal_handler(signum, self._signals.put_nowait, int(signum))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # blocked across an upgrade's execve
         log.info("pynsqd %s (nsqd v%s compatible), %d shard(s)", __version__, NSQ_VERSION, self.shards)
         log.info("ID: %d", self.opts.node_id)
         log.info("%s", self.log_sizing.describe(self.opts.mem_queue_size, self.host))
         self.metadata.save_now()
-        for slot in self.slots:
+        if self.inherited is not None:
+            self._spawn_task(self.upgrader.resume_shards(self.inherited))
+        for slot in self.slots if self.inherited is None else ():
             try:
                 self.spawn(slot)
             except OSError as exc:
@@ -599,6 +624,9 @@ class Supervisor:
                 continue
             if sig == signal.SIGHUP:
                 self.reloader.request()
+                continue
+            if sig == signal.SIGUSR2:
+                self.upgrader.request()
                 continue
             log.info("received signal %d, shutting down", sig)
             await self.exit()
@@ -623,6 +651,52 @@ class Supervisor:
         self.registration.set_addresses(self.opts.lookupd_tcp_address)
         self.tcp_acceptor.start(loop)
         sdnotify.notify("READY=1", self.status())
+        if self.inherited is not None:  # the shards still run the previous code: replace them
+            log.info("upgraded: this supervisor (pid %d) runs the installed code; replacing the shards", os.getpid())
+            self.reloader.request()
+
+    # --- an upgrade of this supervisor (``upgrade.py``) -------------------------------------------
+    def attach(self, slot: Slot, fd: int) -> None:
+        """Serve ``slot``'s control channel on an inherited (or re-attached) socket."""
+        slot.channel = ControlChannel(socket.socket(fileno=fd), self._on_control, f"shard {slot.index}")
+        slot.channel.on_close = self._channel_closed
+        slot.channel.start(asyncio.get_running_loop())
+
+    @property
+    def lock_fd(self) -> int:
+        return self._lock_fd
+
+    def pause_accepting(self) -> None:
+        """New connections wait in the kernel's backlog (none is refused)."""
+        self.tcp_acceptor.stop()
+        self.http_acceptor.pause()
+
+    def resume_accepting(self) -> None:
+        """An upgrade that did not happen: accepting, lookupd and statsd again."""
+        loop = asyncio.get_running_loop()
+        self.http_acceptor.resume(loop)
+        self.tcp_acceptor.start(loop)
+        self._start_statsd()
+        self.registration.set_addresses(self.opts.lookupd_tcp_address)
+
+    async def settle(self) -> None:
+        """Before an ``execve``: until everything under way is done (greetings, hand-offs,
+        calls), every control message sent, the metadata written, lookupd and statsd closed."""
+        if self._statsd_task is not None:
+            self._statsd_task.cancel()
+            self._statsd_task = None
+        while self._tasks or self.http_acceptor.unacknowledged:
+            await asyncio.wait([*self._tasks, *self.http_acceptor.tasks])
+        await self.metadata.flush()
+        await self.registration.close()
+        for slot in self.slots:
+            if slot.channel is not None:
+                await slot.channel.sent()
+
+    def counters(self) -> dict[str, int]:
+        return {"handoffs": self.handoffs, "http_handoffs": self.http_acceptor.handed,
+                "reloads": self.reloader.reloads, "shards_replaced": self.reloader.replaced,
+                "upgrades": self.upgrader.upgrades}
 
     def status(self) -> str:
         """The ``STATUS=`` line for systemd."""
@@ -634,7 +708,7 @@ class Supervisor:
         for conn, addr in accepted:
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._spawn_task(greet(conn, addr, self.opts, self.placement.owner, self._handoff))
+            self._spawn_task(greet(conn, addr, self.opts, self.placement.owner, self._handoff, self.upgrader.hurry))
 
     async def exit(self) -> None:
         if self._exited:
@@ -647,6 +721,7 @@ class Supervisor:
         if self._accept_task is not None:
             self._accept_task.cancel()
         self.reloader.stop()
+        self.upgrader.stop()
         self.tcp_acceptor.stop()
         self.http_acceptor.stop()
         for task in list(self._tasks):

@@ -66,6 +66,11 @@ class HTTPAcceptor:
         """Hand-offs whose shard has not yet said it has them."""
         return len(self._tasks)
 
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The hand-offs waiting for their shard's answer."""
+        return list(self._tasks)
+
     def _turn(self, skip: Collection[int] = ()) -> int | None:
         """Index of the next shard in turn that takes connections and is not in ``skip`` (the
         turn is not used up)."""

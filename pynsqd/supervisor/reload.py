@@ -37,7 +37,7 @@ import os
 import signal
 import ssl
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pynsqd import sdnotify
 from pynsqd.node.config import NsqdOptions, parse_args
@@ -217,6 +217,7 @@ class Reloader:
             return True
         if isinstance(msg, Ready):
             successor.ready = True
+            successor.version = msg.version
             return True
         return False
 
@@ -258,9 +259,6 @@ class Reloader:
             successor.gone.set()
             self.retiring.add(successor.pid)
         successor.channel.close()
-
-    def stats(self) -> dict[str, Any]:
-        return {"reloads": self.reloads, "shards_replaced": self.replaced}
 
 
 async def _either(event: asyncio.Event, failed: asyncio.Event, seconds: float) -> bool:

@@ -28,25 +28,27 @@ class Successor:
         self.channel = channel
         self.standby = asyncio.Event()  # it booted and waits for the handover
         self.ready = False  # it said ``Ready`` (before the slot was switched to it)
+        self.version = ""  # the pynsqd it runs, from its ``Ready``
         self.gone = asyncio.Event()  # it died
 
 
 class Slot:
     """Shard ``index`` of the node."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, heartbeat: Heartbeat | None = None) -> None:
         self.index = index
         self.pid = 0
         self.channel: ControlChannel | None = None
         self.ready = asyncio.Event()
         self.restarts = 0
+        self.version = ""  # the pynsqd its process runs, from its ``Ready``
         self.started = 0.0
         self.respawn_at: float | None = None
         self.abort_sent: float | None = None
         self.stalled = False  # no beat for heartbeat.STALL_AFTER: alive, but its loop is not turning
         self.spawn_failing = False  # the last restart could not start a process (logged once)
         self._restarts = Backoff(BACKOFF_MIN, BACKOFF_MAX)  # deaths that came soon after a start
-        self.heartbeat = Heartbeat.create(index)
+        self.heartbeat = heartbeat or Heartbeat.create(index)  # given: a running shard's (``upgrade.py``)
         self.successor: Successor | None = None  # a process replacing this one (``reload.py``)
         self.draining = False  # being replaced: no new HTTP connection
         self.swapping = False  # its state moves to the successor: calls to it wait for it
@@ -68,6 +70,7 @@ class Slot:
         self.started = now
         self.abort_sent = None
         self.successor = None
+        self.version = successor.version
         self.reset_heartbeat()
         if successor.ready:
             self.ready.set()

@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import socket
 from collections.abc import Callable
 from types import TracebackType
 
-from pynsqd.node.datapath import lock_data_path
+from pynsqd.node.datapath import lock_data_path, recoverable
+from pynsqd.node.metadata import TopicRecord
 from pynsqd.node.placement import FILENAME, Placement
 from pynsqd.options import UsageError
+from pynsqd.shm import store
+
+log = logging.getLogger("pynsqd.supervisor")
 
 PROBE = ".pynsqd-start.tmp"
 
@@ -87,3 +92,20 @@ class Startup:
         if not existed:
             self._undo.append(lambda: os.unlink(path))
         return table
+
+
+def sweep_segments(data_dir: str, topics: list[TopicRecord], keep: set[str], owner: Callable[[str], int]) -> None:
+    """Once per node, before any shard runs: remove this node's segments that belong to no
+    queue of nsqd.dat and hold nothing worth recovering (deleted or ephemeral queues, empty
+    logs). Segments with messages of a durable queue missing from nsqd.dat stay: the topic's
+    ``owner`` recreates the queue when it boots. ``keep``: this run's rings, and leftover
+    rings whose messages could not be stored yet."""
+    queues = ([("topic", t.name) for t in topics]
+              + [("channel", f"{t.name}:{c.name}") for t in topics for c in t.channels])
+    claimed = store.claimed_names(data_dir, queues) | keep
+    for shm_name, kind, name, records in store.leftovers(data_dir, claimed):
+        if recoverable(kind, name, records):
+            log.warning("%s %s: found in shared memory only; shard %d recovers it", kind.upper(), name,
+                        owner(name.partition(":")[0]))
+        else:
+            store.unlink_segment(shm_name)
