@@ -283,7 +283,7 @@ def systemd_host(docker_engine: Engine, broker_image: str) -> Iterator[Callable[
     (ctx / "Dockerfile").write_text(
         f"FROM {BASE_IMAGE}\n"
         "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends"
-        " systemd systemd-sysv && rm -rf /var/lib/apt/lists/*\n"
+        " systemd systemd-sysv procps && rm -rf /var/lib/apt/lists/*\n"
         f"COPY --from={broker_image} /opt/pynsqd /opt/pynsqd\n"
         'STOPSIGNAL SIGRTMIN+3\nCMD ["/sbin/init"]\n')
     image = f"{PREFIX}/systemd"

@@ -14,8 +14,9 @@ boots everything that does not touch the shard's queues and says ``Standby``. Th
    is synced now, so little is left unsynced at the release. Bounded by ``wait``; answered
    ``Done``. (The supervisor hands this shard no new HTTP connection from the start.)
 2. ``Release``: the supervisor holds new TCP connections for this shard from here on. The
-   old process stops pumping and reading (``freeze``), waits up to ``WRITE_WAIT`` for its
-   connections' transports to write what they hold, then — in one synchronous step —
+   old process stops pumping, waits up to ``WRITE_WAIT`` for its connections' transports to
+   write what they hold (still reading commands, so publishers wait for nothing yet), stops
+   reading (``freeze``), then — in one synchronous step —
    captures its state (``transfer.capture``: what cannot move is closed, its in-flight
    messages requeued), lets go of every queue (``Broker.hand_over``) and ring, and sends
    the state as ``Handover`` parts, which the supervisor relays to the replacement; then it
@@ -36,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -79,18 +81,22 @@ async def drain(broker: Broker, control: ControlChannel, http: EmbeddedServer | 
 
 
 async def release(broker: Broker, servers: list[EmbeddedServer], relays: list[Any]) -> Captured:
-    """Phase 2 up to the parts (see the module doc): the caller sends them, then exits."""
+    """Phase 2 up to the parts (see the module doc): the caller sends them, then exits.
+
+    Delivery stops first, while commands are still read (publishers wait for nothing yet),
+    so what the transports hold is written out before reading stops too; only a consumer
+    that reads too slowly to take its last bytes within ``WRITE_WAIT`` cannot move."""
+    started = time.monotonic()
     broker.frozen = True
+    await _written(broker)
     clients = [c for c in broker.clients if isinstance(c, ClientV2)]
     for client in clients:
         client.freeze()
+    frozen = time.monotonic()
     closed = sum(server.close_all() for server in servers)
     if closed:
         log.info("closed %d HTTP connection(s) still open", closed)
-    for _ in range(int(WRITE_WAIT / POLL)):  # polled: many transports
-        if not any(_writing(c) for c in clients):
-            break
-        await asyncio.sleep(POLL)
+    await _written(broker)  # an answer to the last commands read
     # from here on, nothing awaits: the state captured is the state handed over
     captured = capture(broker)
     broker.hand_over()
@@ -99,8 +105,17 @@ async def release(broker: Broker, servers: list[EmbeddedServer], relays: list[An
     if captured.closed or relays:
         log.info("closed %d connection(s) that cannot move (TLS or compression): %d message(s) in flight "
                  "queued again at once", captured.closed + len(relays), captured.requeued)
-    log.info("handing %d connection(s) over", captured.moved)
+    log.info("handing %d connection(s) over (delivery stopped %.1f ms before reading, captured in %.1f ms)",
+             captured.moved, (frozen - started) * 1000, (time.monotonic() - frozen) * 1000)
     return captured
+
+
+async def _written(broker: Broker) -> None:
+    """Until no plain connection's transport holds bytes to write (``WRITE_WAIT`` at most)."""
+    for _ in range(int(WRITE_WAIT / POLL)):  # polled: many transports
+        if not any(_writing(c) for c in broker.clients if isinstance(c, ClientV2)):
+            return
+        await asyncio.sleep(POLL)
 
 
 def _writing(client: ClientV2) -> bool:
@@ -126,6 +141,7 @@ class Takeover:
         self.restorer = Restorer(broker, make_client)
         self.complete = asyncio.Event()
         self.failed: str | None = None
+        self.queues_ms = 0.0
 
     def receive(self, msg: Handover, fds: list[int]) -> None:
         try:
@@ -141,9 +157,14 @@ class Takeover:
             self.complete.set()
 
     def restore_queues(self) -> None:
+        started = time.monotonic()
         self.restorer.restore_queues()
+        self.queues_ms = (time.monotonic() - started) * 1000
 
     async def connect(self) -> None:
+        started = time.monotonic()
         failed = await self.restorer.connect()
-        log.info("took over %d connection(s) (%d message(s) in flight)%s", len(self.restorer.clients),
-                 self.restorer.held, f", {failed} lost on the way" if failed else "")
+        log.info("took over %d connection(s) (%d message(s) in flight)%s: queues in %.1f ms, connections in "
+                 "%.1f ms", len(self.restorer.clients), self.restorer.held,
+                 f", {failed} lost on the way" if failed else "", self.queues_ms,
+                 (time.monotonic() - started) * 1000)
