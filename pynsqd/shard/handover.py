@@ -5,7 +5,9 @@ Theory of operation
 The supervisor (``supervisor/reload.py``) starts the replacement as a *standby* worker, which
 boots everything that does not touch the shard's queues and says ``Standby``. Then:
 
-1. ``Drain`` to the old process, which keeps serving TCP meanwhile. Its plain HTTP
+1. ``Drain`` to the old process, which keeps serving TCP meanwhile. A process that still
+   recovers its logs after a crash finishes that first (``recovered``; or answers
+   ``Failed`` after ``RECOVERY_WAIT``, and is not replaced). Its plain HTTP
    connections are given back to the supervisor one by one as each becomes idle between two
    requests with nothing of the next one read (``HTTPConnection.release``), so no request is
    ever caught half-way: the next one waits in the socket for the shard the supervisor hands
@@ -52,6 +54,18 @@ log = logging.getLogger("pynsqd.shard")
 
 POLL = 0.005  # seconds between looks at idle HTTP connections and transports' buffers
 WRITE_WAIT = 0.2  # seconds a frozen shard waits for its connections to write out
+RECOVERY_WAIT = 60.0  # seconds a shard to be replaced gives its recovery after a crash to end
+
+
+async def recovered(broker: Broker) -> bool:
+    """Until no log is being recovered (a process restarted after a crash walks them while it
+    serves, ``recovery.py``): only then is every queue's bookkeeping exact, to be handed over.
+    False after ``RECOVERY_WAIT``."""
+    for _ in range(int(RECOVERY_WAIT / POLL)):  # polled: the walk runs in the loop's turns
+        if not broker.recovery.active:
+            return True
+        await asyncio.sleep(POLL)
+    return not broker.recovery.active
 
 
 async def drain(broker: Broker, control: ControlChannel, http: EmbeddedServer | None,

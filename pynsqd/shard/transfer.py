@@ -9,12 +9,16 @@ them as a restarted shard would (``MessageQueue.recover``), once the old process
 of them (``MessageQueue.hand_over``: metadata written, files closed, segments left in
 place). What lives only in the old process's memory is what this module moves:
 
-- per topic and channel: the paused flags and counters, each channel's consumers in their
+- per topic and channel: the paused flags and counters; the queue's bookkeeping of its log
+  (``MessageQueue.export``: ready and live counts, the delivery cursor, the records requeued
+  behind it), which the replacement adopts instead of walking the log as after a crash, so
+  every record keeps its state; what waits for a due time (deferred messages: id, log
+  position, due time; the message itself only when it has no record in the log) and, for a
+  topic, which channels already hold its waiting messages; each channel's consumers in their
   round-robin order, and what is in flight — per delivery the consumer, the delivery time,
   the deadline (``CLOCK_MONOTONIC`` nanoseconds: one clock for every process of the host)
-  and the ids with their log positions; the replacement puts those records back in flight
-  (``Channel.hold_again``) instead of making them ready, so nothing is redelivered and every
-  timeout stays where it was;
+  and the ids with their log positions, which the replacement holds in flight as they were
+  (``Channel.hold_again``): nothing is redelivered and every timeout stays where it was;
 - per plain TCP connection (``ClientV2.hand_over``): the descriptor (``SCM_RIGHTS``, through
   the supervisor), the negotiated settings, AUTH session and counters, the subscription and
   RDY, the message frames not yet written and the bytes read but not yet run. The client
@@ -26,6 +30,10 @@ transport's buffer — is closed cleanly (what is buffered is written, then a FI
 held in flight goes back to its queue at once (``Channel.remove_consumer``), as when any
 consumer disconnects; the count is logged.
 
+A queue still being recovered (the process restarted after a crash and walks its logs while
+it serves, ``recovery.py``) has no exact bookkeeping yet: the old process finishes that walk
+before it releases (``handover.drain``).
+
 The state travels as ``Handover`` control messages, ``PART_FDS`` connections each (the
 kernel's limit per message is 253): part 0 carries the topics, every part its clients. A
 part's ``doc`` is ``[4B BE header length][JSON header][blobs]``; the header lists each
@@ -36,6 +44,7 @@ follow in order. Message ids are 16 ASCII bytes, written as JSON strings.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import logging
 import os
@@ -51,6 +60,7 @@ from pynsqd.node.messages import ConnectionState
 from pynsqd.node.metadata import ChannelRecord, TopicRecord
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.protocol import ClientV2
+from pynsqd.shard.topic import Topic
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -149,18 +159,32 @@ def capture(broker: Broker) -> Captured:
     return Captured(parts, len(moved), closed, requeued)
 
 
-def _topic_state(topic: Any, index: dict[int, int]) -> dict[str, Any]:
+def _topic_state(topic: Topic, index: dict[int, int]) -> dict[str, Any]:
     channels = []
     for channel in topic.channels.values():
         deliveries = [[index[id(client)], delivered, deadline, [i.decode("latin-1") for i in ids], positions]
                       for client, delivered, deadline, ids, positions in channel.deliveries()
                       if id(client) in index]
+        deferred = [[msg_id.decode("latin-1"), pos, due, None if pos >= 0 else _b64(record)]
+                    for msg_id, pos, due, record in channel.deferred_entries()]
         channels.append({"name": channel.name, "paused": channel.paused, "message_count": channel.message_count,
                          "requeue_count": channel.requeue_count, "timeout_count": channel.timeout_count,
+                         "queue": channel.queue.export(), "deferred": deferred,
                          "consumers": [index[id(c)] for c in channel.consumers if id(c) in index],
                          "deliveries": deliveries})
+    waiting = [[pos, due, None if pos >= 0 else _b64(record)] for record, due, pos in topic.waiting_deferred]
     return {"name": topic.name, "paused": topic.paused, "message_count": topic.message_count,
-            "message_bytes": topic.message_bytes, "channels": channels}
+            "message_bytes": topic.message_bytes, "queue": topic.queue.export(), "waiting_deferred": waiting,
+            "handed": {msg_id.decode("latin-1"): sorted(names) for msg_id, names in topic.handed.items()},
+            "channels": channels}
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
 
 
 def records(topics: list[dict[str, Any]]) -> list[TopicRecord]:
@@ -191,9 +215,16 @@ class Restorer:
 
     def restore_queues(self) -> None:
         """Topics and channels as the replaced process left them: each queue attaches to its
-        segment and recovers it, then the counters and what was in flight."""
+        segment and takes the replaced process's bookkeeping of it (``MessageQueue.adopt``:
+        nothing is walked, nothing in flight becomes ready), then the counters, what waits
+        for a due time and what was in flight."""
         broker = self.broker
+        for t in self.topics:
+            broker.adopted[("topic", t["name"])] = t["queue"]
+            for c in t["channels"]:
+                broker.adopted[("channel", f"{t['name']}:{c['name']}")] = c["queue"]
         broker.restore(records(self.topics))
+        broker.adopted.clear()
         self.clients = []
         for moved in self.moved:
             client = self.make_client(moved.state, moved.unread)
@@ -204,6 +235,11 @@ class Restorer:
             if topic is None:
                 continue
             topic.message_count, topic.message_bytes = t["message_count"], t["message_bytes"]
+            for pos, due, record in t["waiting_deferred"]:
+                raw = _unb64(record)
+                topic.waiting_deferred.append((raw if raw is not None else topic.queue.message_at(pos), due, pos))
+            topic.handed = {msg_id.encode("latin-1"): set(names) for msg_id, names in t["handed"].items()}
+            broker.schedule(topic)
             for c in t["channels"]:
                 channel = topic.channels.get(c["name"])
                 if channel is None:
@@ -211,6 +247,8 @@ class Restorer:
                 channel.message_count = c["message_count"]
                 channel.requeue_count = c["requeue_count"]
                 channel.timeout_count = c["timeout_count"]
+                channel.adopt_deferred([(msg_id.encode("latin-1"), pos, due, _unb64(record))
+                                        for msg_id, pos, due, record in c["deferred"]])
                 for i in c["consumers"]:
                     client = self.clients[i]
                     client.channel = channel

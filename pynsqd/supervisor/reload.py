@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from pynsqd import sdnotify
 from pynsqd.node.config import NsqdOptions, parse_args
-from pynsqd.node.messages import Drain, Handover, Message, Ready, Release, Standby
+from pynsqd.node.messages import Drain, Failed, Handover, Message, Ready, Release, Standby
 from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
 from pynsqd.supervisor.slots import Slot, Successor
@@ -58,6 +58,7 @@ STANDBY_WAIT = 60.0  # seconds for a replacement to boot
 DRAIN_WAIT = 5.0  # seconds an old process gives busy HTTP connections to finish
 RELEASE_WAIT = 30.0  # seconds for an old process to hand its state over
 READY_WAIT = 120.0  # seconds for a replacement to serve once it has the state
+RECOVERY_WAIT = 60.0  # seconds an old process may still need to recover its logs after a crash
 
 
 def reread(argv: list[str], current: NsqdOptions) -> NsqdOptions | None:
@@ -179,7 +180,10 @@ class Reloader:
                 return False
             began = time.monotonic()
             slot.draining = True
-            await old.call(Drain(DRAIN_WAIT), wait=DRAIN_WAIT + RELEASE_WAIT)
+            drained = await old.call(Drain(DRAIN_WAIT), wait=DRAIN_WAIT + RECOVERY_WAIT + RELEASE_WAIT)
+            if isinstance(drained, Failed):
+                log.error("shard %d: not replaced now - %s", slot.index, drained.error)
+                return False
             if successor.gone.is_set():
                 log.error("shard %d: the replacement died; shard %d runs on", slot.index, slot.index)
                 return False

@@ -1,6 +1,7 @@
-"""A shard's state moved to its replacement, without processes: a channel's in-flight
-messages put back in flight over the same log (``Channel.deliveries`` → ``hold_again``), the
-``Handover`` part's encoding, and the control channel holding its messages back."""
+"""A shard's state moved to its replacement, without processes: a queue's bookkeeping adopted
+over the same log (``MessageQueue.export`` → ``adopt``) and its in-flight messages held in flight
+again (``Channel.deliveries`` → ``hold_again``), the ``Handover`` part's encoding, and the control
+channel holding its messages back."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_messages_in_flight_are_put_back_in_flight_over_the_same_log_with_their_
 
     new = Channel("t", "c", MessageQueue(MessageLog(buf, init=False), 10_000, DropBackend(), recovering=True),
                   lambda _: None)
-    assert new.recover() == 10 and new.queue.ready == 10  # recovery alone would deliver them again
+    new.queue.adopt(old.queue.export())  # not walked: a walk would make every one ready again
+    assert new.queue.ready == 5 and new.queue.live == 10 and not new.queue.recovering
     a2, b2 = Consumer(rdy=3), Consumer(rdy=2)
     clients = {id(a): a2, id(b): b2}
     held = sum(new.hold_again(clients[id(c)], ids, positions, delivered, deadline)
@@ -64,13 +66,17 @@ def test_a_record_no_longer_as_it_was_is_not_put_back_in_flight() -> None:
     old.add_consumer(a)
     old.pump(0)
     (_, delivered, deadline, ids, positions), = old.deliveries()
-    new = Channel("t", "c", MessageQueue(MessageLog(buf, init=False), 10_000, DropBackend(), recovering=True),
-                  lambda _: None)
-    new.recover()
+    old.requeue(a, ids[0], 0, 0)  # ready again, after its delivery was noted
+    new = Channel("t", "c", MessageQueue(MessageLog(buf, init=False), 10_000, DropBackend()), lambda _: None)
+    new.queue.adopt(old.queue.export())
     a2 = Consumer(rdy=2)
     wrong = [b"x" * 16, ids[1]]  # an id that is not the record's
-    assert new.hold_again(a2, wrong, positions, delivered, deadline) == 1 and new.queue.ready == 1
-    assert new.hold_again(a2, [ids[1], ids[0]], [positions[1], 1 << 40], delivered, deadline) == 0  # held; off the log
+    assert new.hold_again(a2, wrong, positions, delivered, deadline) == 1 and a2.in_flight_count == 1
+    assert new.hold_again(a2, ids[:1], positions[:1], delivered, deadline) == 0  # not in flight any more
+    assert new.hold_again(a2, ids[1:], [1 << 40], delivered, deadline) == 0  # off the log
+    new.consumers.append(a2)
+    new.pump(0)
+    assert a2.received_ids() == {ids[0]}  # the requeued one, and only it
 
 
 def test_a_handover_part_round_trips_with_binary_output_and_unread_bytes() -> None:
