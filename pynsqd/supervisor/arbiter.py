@@ -16,9 +16,15 @@ once the first says ``ready`` and announces the listeners once all have, accepts
 shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
 turn (``httpaccept.py``) — every listener through one ``accept.Acceptor``, which rides out a
 lack of descriptors — and keeps the node's single lookupd registration and ``nsqd.dat``
-from what the shards report (``topictable.py``).
+from what the shards report (``topictable.py``). What a shard asks of the others (stats,
+health, admin calls for their topics) the supervisor relays (``hub.py``).
 
-Signal handlers only enqueue (SIGTERM, SIGINT); the loop drains the queue into ``exit``.
+A new image of a running supervisor (``upgrade.py``, SIGUSR2) is constructed from what it
+inherits instead (``_take_over``: listeners, lock, shards, rings as they are), and replaces the
+shards once it accepts (``reload.py``).
+
+Signal handlers only enqueue (SIGTERM, SIGINT; SIGHUP: a rolling restart of the shards,
+``reload.py``; SIGUSR2: an upgrade of the supervisor); the loop drains the queue.
 uvloop reserves SIGCHLD, so instead every ``TICK`` the loop reaps (``handle_chld``) and
 checks heartbeats (``murder``): a shard
 whose loop has not written its timestamp for ``SHARD_TIMEOUT`` gets SIGABRT, and SIGKILL
@@ -52,10 +58,9 @@ import orjson
 from pynsqd import NSQ_VERSION, __version__, logs, sdnotify
 from pynsqd.netaddr import bind, bound_port, describe
 from pynsqd.node import metadata
-from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.control import PROXY_WAIT, ControlChannel, Received, channel_pair
+from pynsqd.node.control import ControlChannel, Received, channel_pair
 from pynsqd.node.heartbeat import STALL_AFTER, Heartbeat
 from pynsqd.node.messages import (
     Adopt,
@@ -63,21 +68,16 @@ from pynsqd.node.messages import (
     ConnectionState,
     CreateChannels,
     Exit,
-    Failed,
     HandOff,
     Handover,
-    Health,
     HealthRequest,
-    HTTPResponse,
     Message,
     Proxy,
     Quiesce,
     Ready,
     ServeHTTP,
     SetConfig,
-    ShardDocuments,
     Snapshot,
-    StatsDocument,
     StatsRequest,
     Updated,
 )
@@ -91,6 +91,7 @@ from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.accept import Accepted, Acceptor
 from pynsqd.supervisor.handoff import greet
 from pynsqd.supervisor.httpaccept import ACK_WAIT, HTTPAcceptor
+from pynsqd.supervisor.hub import READY_TIMEOUT, Hub
 from pynsqd.supervisor.registration import Registration
 from pynsqd.supervisor.reload import Reloader
 from pynsqd.supervisor.slots import Slot
@@ -106,10 +107,8 @@ log = logging.getLogger("pynsqd.supervisor")
 SHARD_TIMEOUT = float(os.environ.get("PYNSQD_SHARD_TIMEOUT", "10"))  # seconds without a beat
 KILL_AFTER = 2.0
 SHUTDOWN_DEADLINE = float(os.environ.get("PYNSQD_SHUTDOWN_DEADLINE", "20"))
-READY_TIMEOUT = 30.0
 TICK = 0.2  # seconds between reaping/heartbeat checks
 FIN_WAIT = 5.0  # seconds a shutting-down shard waits for consumers to FIN what they hold
-CALL_TIMEOUT = 30.0
 HANDOFF_TRIES = 5  # shards that may die under one connection before it is given up
 
 
@@ -132,6 +131,7 @@ class Supervisor:
         self.tcp_acceptor = Acceptor("TCP", self.tcp_socket, self._greet)
         self.http_acceptor = HTTPAcceptor(self.slots)
         self.registration = Registration(self.identity, self.topics.registrations, opts.max_body_size)
+        self.hub = Hub(self.slots, self.stats, self.start_time)
         self.handoffs = 0
         self.fatal: str | None = None
         self._signals: asyncio.Queue[int] = asyncio.Queue()  # signal numbers, from the handlers
@@ -396,16 +396,26 @@ class Supervisor:
             self._spawn_task(self._handoff(msg.shard, socket.socket(fileno=fds[0]), msg.state, msg.unread))
 
     def _on_stats(self, slot: Slot, msg: StatsRequest, received: Received) -> None:
-        self._spawn_task(self._stats(slot, msg, received))
+        self._spawn_task(self.hub.stats(slot, msg, received))
 
     def _on_health(self, slot: Slot, msg: HealthRequest, received: Received) -> None:
-        self._spawn_task(self._health(slot, received))
+        self._spawn_task(self.hub.health(slot, received))
 
     def _on_proxy(self, slot: Slot, msg: Proxy, received: Received) -> None:
-        self._spawn_task(self._proxy(slot, msg, received))
+        self._spawn_task(self.hub.proxy(slot, msg, received))
 
     def _on_config(self, slot: Slot, msg: SetConfig, received: Received) -> None:
-        self._config(slot, msg)
+        """``PUT /config/<opt>`` succeeded on one shard: apply it node-wide."""
+        if msg.opt == "nsqlookupd_tcp_addresses":
+            self.opts.lookupd_tcp_address = list(orjson.loads(msg.value))
+            self.registration.set_addresses(self.opts.lookupd_tcp_address)
+        elif msg.opt == "log_level":
+            level = msg.value.decode("utf-8", "replace").strip().lower()
+            self.opts.log_level = level
+            logs.set_level(level)
+        for other in self.slots:
+            if other is not slot:
+                self._spawn_task(self.hub.send_to(other, msg))
 
     def _spawn_task(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -426,15 +436,7 @@ class Supervisor:
         names = sorted(n for n in await self.registration.channels_for(topic)
                        if not is_ephemeral(n) and is_valid_name(n))
         if names:
-            await self._send_to(self.slots[self.placement.owner(topic)], CreateChannels(topic, names))
-
-    async def _send_to(self, slot: Slot, msg: Message) -> None:
-        """``msg`` to ``slot``'s shard (one being replaced: to its replacement, once ready)."""
-        if slot.swapping:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(slot.ready.wait(), CALL_TIMEOUT)
-        if slot.channel is not None and not slot.channel.closed:
-            slot.channel.send(msg)
+            await self.hub.send_to(self.slots[self.placement.owner(topic)], CreateChannels(topic, names))
 
     @property
     def stopping(self) -> bool:
@@ -461,19 +463,6 @@ class Supervisor:
             self._statsd_task = asyncio.get_running_loop().create_task(self._statsd().run())
             self._tasks.add(self._statsd_task)
             self._statsd_task.add_done_callback(self._task_done)
-
-    def _config(self, origin: Slot, msg: SetConfig) -> None:
-        """``PUT /config/<opt>`` succeeded on one shard: apply it node-wide."""
-        if msg.opt == "nsqlookupd_tcp_addresses":
-            self.opts.lookupd_tcp_address = list(orjson.loads(msg.value))
-            self.registration.set_addresses(self.opts.lookupd_tcp_address)
-        elif msg.opt == "log_level":
-            level = msg.value.decode("utf-8", "replace").strip().lower()
-            self.opts.log_level = level
-            logs.set_level(level)
-        for slot in self.slots:
-            if slot is not origin:
-                self._spawn_task(self._send_to(slot, msg))
 
     async def _ready_slot(self, index: int | None) -> Slot | None:
         if index is None:
@@ -508,62 +497,13 @@ class Supervisor:
         finally:
             sock.close()
 
-    async def _call_all(self, msg: Message) -> list[Message]:
-        return [r for _, r in await self._call_each(msg)]
-
-    async def _call_each(self, msg: Message, skip: int = -1) -> list[tuple[int, Message]]:
-        """``msg`` to every ready shard but ``skip`` (one being replaced: to its replacement,
-        once ready): (shard index, reply) of those that answered. A shard still booting for
-        the first time is waited for (the node serves from its first ready shard on, and its
-        ``/stats`` and ``/ping`` speak for every shard)."""
-        booting = [asyncio.ensure_future(s.ready.wait()) for s in self.slots if s.index != skip and s.first_boot]
-        if booting:
-            _, late = await asyncio.wait(booting, timeout=READY_TIMEOUT)
-            for wait in late:
-                wait.cancel()
-        slots = [s for s in self.slots if s.index != skip and (s.is_ready or s.swapping)]
-        replies = await asyncio.gather(*(self._call_slot(s, msg) for s in slots), return_exceptions=True)
-        return [(s.index, r) for s, r in zip(slots, replies) if isinstance(r, Message)]
-
-    async def _call_slot(self, slot: Slot, msg: Message) -> Message:
-        if slot.swapping:
-            await asyncio.wait_for(slot.ready.wait(), CALL_TIMEOUT)
-        if slot.channel is None or slot.channel.closed:
-            raise ConnectionError(f"shard {slot.index} is down")
-        return await slot.channel.call(msg, wait=CALL_TIMEOUT)
-
-    async def _stats(self, slot: Slot, msg: StatsRequest, received: Received) -> None:
-        """A shard's ``/stats``: the other shards' documents, passed on unparsed with their
-        indices; the asking shard makes its own meanwhile and merges them all."""
-        replies = await self._call_each(msg, skip=msg.skip)
-        docs = b",".join(b"[%d,%s]" % (i, r.doc) for i, r in replies if isinstance(r, StatsDocument))
-        supervisor = orjson.dumps(self.stats() if msg.include_shards else None)
-        if slot.channel is not None:
-            slot.channel.reply(received, ShardDocuments(
-                b'{"docs":[%s],"supervisor":%s,"start_time":%d}' % (docs, supervisor, self.start_time)))
-
-    async def _health(self, slot: Slot, received: Received) -> None:
-        """``/ping`` is the node's health: the first shard that is not OK decides it."""
-        replies = [r for r in await self._call_all(HealthRequest()) if isinstance(r, Health)]
-        bad = [r.health for r in replies if r.health != "OK"]
-        if slot.channel is not None:
-            slot.channel.reply(received, Health(bad[0] if bad else "OK"))
-
-    async def node_stats(self, request: StatsRequest) -> dict[str, Any]:
-        """The node's stats document: every ready shard's, merged (``aggregate.py``); the
-        supervisor's own figures only with ``include_shards``."""
-        docs = [orjson.loads(r.doc) for r in await self._call_all(request) if isinstance(r, StatsDocument)]
-        doc = merge_stats(docs, self.stats() if request.include_shards else None, request.topic)
-        doc["start_time"] = self.start_time
-        return doc
-
     def _statsd(self) -> StatsdPusher:
         """One pusher per node, here: it sends the figures aggregated over every shard."""
         opts = self.opts
         prefix = statsd_prefix(opts.statsd_prefix, opts.broadcast_address, opts.broadcast_http_port or self.http_port)
         lines = StatsdLines(prefix, opts.statsd_mem_stats, opts.statsd_exclude_ephemeral)
         return StatsdPusher(opts.statsd_address, opts.statsd_interval, opts.statsd_udp_packet_size, lines,
-                            lambda: self.node_stats(StatsRequest(include_clients=False)))
+                            lambda: self.hub.node_stats(StatsRequest(include_clients=False)))
 
     def stats(self) -> dict[str, Any]:
         return {"shards": self.shards, "handoffs": self.handoffs, "http_handoffs": self.http_acceptor.handed,
@@ -572,34 +512,6 @@ class Supervisor:
                 "version": __version__,
                 "shard_status": [{"shard": s.index, "pid": s.pid, "ready": s.is_ready,
                                   "restarts": s.restarts, "version": s.version} for s in self.slots]}
-
-    async def _proxy(self, origin: Slot, msg: Proxy, received: Received) -> None:
-        """An admin call for a topic another shard owns, run at the owner. An owner known to be
-        down (dead, or booting again after a death) is answered at once with an error; one
-        that is booting for the first time or does not answer gets ``PROXY_WAIT`` seconds.
-        The asking shard turns an error into nsqd's ``500 INTERNAL_ERROR``."""
-        answer = await self._run_at_owner(msg)
-        if origin.channel is not None:
-            origin.channel.reply(received, answer)
-
-    async def _run_at_owner(self, msg: Proxy) -> HTTPResponse | Failed:
-        slot = self.slots[msg.shard]
-        deadline = time.monotonic() + PROXY_WAIT
-        if not slot.swapping and (slot.pid == 0 or (slot.restarts and not slot.is_ready)
-                                  or (slot.channel is not None and slot.channel.closed)):
-            return Failed(f"shard {slot.index} is down")
-        try:
-            await asyncio.wait_for(slot.ready.wait(), PROXY_WAIT)
-            if slot.channel is None or slot.channel.closed:
-                raise ConnectionError("closed")
-            reply = await slot.channel.call(msg.at_owner(), wait=max(0.1, deadline - time.monotonic()))
-        except ConnectionError:
-            return Failed(f"shard {slot.index} is down")
-        except TimeoutError:
-            return Failed(f"shard {slot.index} did not answer in {PROXY_WAIT:g}s")
-        if not isinstance(reply, HTTPResponse):
-            return Failed(f"shard {slot.index} answered {reply.op}")
-        return reply
 
     # --- main loop ------------------------------------------------------------------------------
     async def main(self) -> int:
