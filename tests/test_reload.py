@@ -146,19 +146,6 @@ def test_a_message_in_flight_across_a_reload_keeps_its_deadline(node: NodeFactor
         assert 3.9 <= time.monotonic() - delivered < 4 + scaled(2.5)
 
 
-def _upgraded(c: RawClient, certs: Certs, tls: bool, compression: str) -> None:
-    fields: dict[str, Any] = {"tls_v1": tls}
-    if compression:
-        fields[compression] = True
-    c.identify(**fields)
-    if tls:
-        c.start_tls(certs.client_context())
-        c.expect_ok()
-    if compression:
-        c.start_compression(compression)
-        c.expect_ok()
-
-
 def test_tls_and_compressed_connections_are_closed_and_their_messages_requeued_at_once(
         node: NodeFactory, certs: Certs) -> None:
     """TLS and snappy connections cannot move: each is closed cleanly, and the messages it
@@ -170,8 +157,8 @@ def test_tls_and_compressed_connections_are_closed_and_their_messages_requeued_a
             p.send(encode_pub("up", b"u%d" % i))
             p.expect_ok()
         held = []
-        for c, upgrade in ((tls, (True, "")), (snappy, (False, "snappy"))):
-            _upgraded(c, certs, *upgrade)
+        for c, (ctx, compression) in ((tls, (certs.client_context(), "")), (snappy, (None, "snappy"))):
+            c.negotiate(ctx, compression)
             c.send(encode_sub("up", "c") + encode_rdy(2))
             c.expect_ok()
             held += c.read_messages(2)

@@ -37,7 +37,8 @@ import os
 import signal
 import ssl
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from pynsqd import sdnotify
 from pynsqd.node.config import NsqdOptions, parse_args
@@ -88,12 +89,40 @@ def changed(old: NsqdOptions, new: NsqdOptions) -> list[str]:
     return [f.name for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(new, f.name)]
 
 
-class Reloader:
+class Operation:
+    """Something the supervisor does on a signal, as one task at a time."""
+
+    name = ""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+
+    def begin(self, run: Callable[[], Coroutine[Any, Any, None]]) -> bool:
+        """Start ``run()`` as the task; False if one runs already."""
+        if self.task is not None:
+            return False
+        self.task = asyncio.get_running_loop().create_task(run())
+        self.task.add_done_callback(self._done)
+        return True
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.task = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed - %r", self.name, task.exception())
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+class Reloader(Operation):
     """Runs rolling restarts for one supervisor."""
 
+    name = "reload"
+
     def __init__(self, sup: Supervisor) -> None:
+        super().__init__()
         self.sup = sup
-        self.task: asyncio.Task[None] | None = None
         self.again = False
         self.reloads = 0  # completed rolling restarts
         self.replaced = 0  # shards replaced by them
@@ -102,17 +131,9 @@ class Reloader:
     # --- requests -------------------------------------------------------------------------
     def request(self) -> None:
         """SIGHUP: reload now, or once more after the one running."""
-        if self.task is not None:
+        if not self.begin(self._run):
             self.again = True
             log.info("reload requested while one runs: it runs again after")
-            return
-        self.task = asyncio.get_running_loop().create_task(self._run())
-        self.task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self.task = None
-        if not task.cancelled() and task.exception() is not None:
-            log.error("reload failed - %r", task.exception())
 
     async def _run(self) -> None:
         while True:
@@ -123,8 +144,7 @@ class Reloader:
 
     def stop(self) -> None:
         """The node stops: abandon a reload under way (its replacement, if any, is killed)."""
-        if self.task is not None:
-            self.task.cancel()
+        self.cancel()
         for slot in self.sup.slots:
             if slot.successor is not None:
                 self.abandon(slot)

@@ -57,7 +57,7 @@ from pynsqd.node.boot import ENV as WORKER_ENV
 from pynsqd.node.boot import IMPORT_CHECK
 from pynsqd.node.messages import Done, Hold, Resume
 from pynsqd.shm.sizing import LogSizing
-from pynsqd.supervisor.reload import reread
+from pynsqd.supervisor.reload import Operation, reread
 from pynsqd.supervisor.slots import Slot
 
 if TYPE_CHECKING:
@@ -121,26 +121,21 @@ class Inherited:
         return None if fd < 0 else socket.socket(fileno=fd)
 
 
-class Upgrader:
+class Upgrader(Operation):
     """Runs SIGUSR2 for one supervisor."""
 
+    name = "upgrade"
+
     def __init__(self, sup: Supervisor) -> None:
+        super().__init__()
         self.sup = sup
-        self.task: asyncio.Task[None] | None = None
         self.hurry = asyncio.Event()  # greetings: hand off now with what was read
         self.upgrades = 0  # images that took over from a previous one, this one included
 
     def request(self) -> None:
-        if self.task is not None:
+        """SIGUSR2 (one while one runs is ignored)."""
+        if not self.begin(self._run):
             log.info("upgrade requested while one runs: ignored")
-            return
-        self.task = asyncio.get_running_loop().create_task(self._run())
-        self.task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self.task = None
-        if not task.cancelled() and task.exception() is not None:
-            log.error("upgrade failed - %r", task.exception())
 
     async def resume_shards(self, inherited: Inherited) -> None:
         """The new image: each inherited shard goes on (it sends what it held and its topics)."""
@@ -206,8 +201,7 @@ class Upgrader:
 
     def stop(self) -> None:
         """The node stops: an upgrade not yet at its ``execve`` is abandoned."""
-        if self.task is not None:
-            self.task.cancel()
+        self.cancel()
 
     async def quiesce(self) -> None:
         """Steps 2-4 of the module doc. Raises ``TimeoutError``/``ConnectionError``."""

@@ -7,6 +7,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -83,6 +84,34 @@ def _echo(served: list[socket.socket], clients: list[socket.socket]) -> None:
         assert client.recv(100) == b"pong"
 
 
+def _accept_and_serve(slots: list[Slot], ends: list[socket.socket], then: Callable[[HTTPAcceptor], Any]) -> None:
+    """Four clients connect to a listener the acceptor serves; once four hand-offs went out,
+    ``then(acceptor)`` runs (on a thread), and shard 0 must end up serving all four, end to
+    end."""
+    acceptor = HTTPAcceptor(slots)
+    listener = socket.create_server(("127.0.0.1", 0))
+    clients = [socket.create_connection(listener.getsockname()) for _ in range(4)]
+    served: list[socket.socket] = []
+
+    async def accept_all() -> None:
+        _start(slots)
+        acceptor.start(asyncio.get_running_loop(), listener, tls=False)
+        await _until(lambda: acceptor.handed >= 4)
+        await asyncio.to_thread(then, acceptor)
+        served.extend(await asyncio.to_thread(received, ends[0], 4))
+        await _until(lambda: not acceptor.unacknowledged)
+        assert acceptor.handed == 4
+        acceptor.stop()
+
+    try:
+        asyncio.run(accept_all())
+        assert len(served) == 4
+        _echo(served, clients)
+    finally:
+        for sock in [listener, *clients, *served]:
+            sock.close()
+
+
 def test_connections_for_a_shard_that_died_before_its_hand_off_go_to_the_other_shard(
         shards: tuple[list[Slot], list[socket.socket]]) -> None:
     """Shard 1 died (its end of the channel is closed) but is not yet reaped, so it still
@@ -90,29 +119,8 @@ def test_connections_for_a_shard_that_died_before_its_hand_off_go_to_the_other_s
     and every connection works end to end."""
     slots, ends = shards
     ends[1].close()
-    acceptor = HTTPAcceptor(slots)
-    listener = socket.create_server(("127.0.0.1", 0))
-    clients = [socket.create_connection(listener.getsockname()) for _ in range(4)]
-
-    served: list[socket.socket] = []
-
-    async def accept_all() -> None:
-        _start(slots)
-        acceptor.start(asyncio.get_running_loop(), listener, tls=False)
-        await _until(lambda: acceptor.handed >= 4)
-        served.extend(await asyncio.to_thread(received, ends[0], 4))
-        await _until(lambda: not acceptor.unacknowledged)
-        acceptor.stop()
-
-    try:
-        asyncio.run(accept_all())
-        assert slots[1].channel is not None and slots[1].channel.closed
-        assert acceptor.handed == 4
-        assert len(served) == 4
-        _echo(served, clients)
-    finally:
-        for sock in [listener, *clients, *served]:
-            sock.close()
+    _accept_and_serve(slots, ends, lambda acceptor: None)
+    assert slots[1].channel is not None and slots[1].channel.closed
 
 
 def test_connections_a_shard_took_but_never_acknowledged_go_unread_to_another_shard(
@@ -121,31 +129,15 @@ def test_connections_a_shard_took_but_never_acknowledged_go_unread_to_another_sh
     connections (so it read none of them) does not take them along: the supervisor kept its
     copies, and gives them to the other shard, where every client is served end to end."""
     slots, ends = shards
-    acceptor = HTTPAcceptor(slots)
-    listener = socket.create_server(("127.0.0.1", 0))
-    clients = [socket.create_connection(listener.getsockname()) for _ in range(4)]
-    served: list[socket.socket] = []
 
-    async def accept_all() -> None:
-        _start(slots)
-        acceptor.start(asyncio.get_running_loop(), listener, tls=False)
-        await _until(lambda: acceptor.handed >= 4)
-        dying = await asyncio.to_thread(received, ends[1], 2, answer=False)
+    def die_unanswered(acceptor: HTTPAcceptor) -> None:
+        dying = received(ends[1], 2, answer=False)
         assert len(dying) == 2  # its share reached it
         for conn in dying:
             conn.close()
         ends[1].close()  # it dies without a word
-        served.extend(await asyncio.to_thread(received, ends[0], 4))
-        await _until(lambda: not acceptor.unacknowledged)
-        acceptor.stop()
 
-    try:
-        asyncio.run(accept_all())
-        assert len(served) == 4
-        _echo(served, clients)
-    finally:
-        for sock in [listener, *clients, *served]:
-            sock.close()
+    _accept_and_serve(slots, ends, die_unanswered)
 
 
 def test_connections_given_back_while_no_shard_takes_any_wait_for_the_first_that_does(
