@@ -8,7 +8,8 @@ producers' errors and latencies.
 - **publish errors**: a producer error in those windows (a refused or failed connection, an
   error answer, no answer);
 - **stall**: the time from sending a publish to its acknowledgement, for publishes sent in
-  those windows and for all, as percentiles and the longest, per protocol.
+  those windows, outside them (the same run's baseline) and for all, as percentiles and the
+  longest, per protocol.
 """
 
 from __future__ import annotations
@@ -58,9 +59,11 @@ def stalls(producers: Iterable[Producer], spans: Sequence[tuple[float, float]]) 
         mine = [p for p in producers if isinstance(p, HttpProducer) == (proto == "http")]
         lat = [(sent, took) for p in mine for sent, took in p.latencies]
         out[proto] = {"during_restarts": _figures([t for s, t in lat if _inside(s, spans)]),
+                      "outside_restarts": _figures([t for s, t in lat if not _inside(s, spans)]),
                       "all": _figures([t for _, t in lat])}
     lat = [(sent, took) for p in producers for sent, took in p.latencies]
     out["all_protocols_during_restarts"] = _figures([t for s, t in lat if _inside(s, spans)])
+    out["all_protocols_outside_restarts"] = _figures([t for s, t in lat if not _inside(s, spans)])
     out["longest"] = [{"ms": round(took * 1000, 1), "after_start_s": round(sent - start, 2), "restart": n}
                       for sent, took in sorted(lat, key=lambda x: -x[1])[:5]
                       for n, (start, end) in enumerate(spans) if start <= sent <= end]

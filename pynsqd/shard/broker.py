@@ -374,6 +374,11 @@ class Broker:
                     del self._partial[next(iter(self._partial))]
             raise
 
+    def stored_in_part(self, bodies: object) -> bool:
+        """``bodies`` (a publish's list) is a cross-shard batch stored in part, whose retry
+        must resume after what is stored (``_forward``)."""
+        return id(bodies) in self._partial
+
     def publish_deferred(self, topic_name: str, body: bytes, delay_ms: int) -> None:
         """DPUB: deliver ``body`` after ``delay_ms``. Raises ``BrokerError``."""
         if self.exiting:

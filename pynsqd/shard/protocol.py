@@ -423,12 +423,13 @@ class ClientV2(V2Commands, asyncio.Protocol):
     def movable(self) -> bool:
         """Everything this connection is can move to another process now: its transport is
         plain (a relayed connection's TLS and compression stay on the relaying shard), no
-        upgrade or auth query runs, and nothing waits in the transport to be written."""
+        upgrade or auth query runs, nothing waits in the transport to be written, and it is
+        not retrying a batch already stored in part (only this process knows which part)."""
         transport = self.transport
         return (transport is not None and not self._closing and not self._suspended and self._decoder is None
                 and not self._parser.failed and not isinstance(transport, CompressedTransport)
                 and transport.get_extra_info("ssl_object") is None and not transport.get_write_buffer_size()
-                and not any(isinstance(e, ProtocolError) for e in self._events))
+                and not any(isinstance(e, ProtocolError) or self.broker.stored_in_part(e[2]) for e in self._events))
 
     def freeze(self) -> None:
         """Read nothing more here (the shard is being replaced)."""
