@@ -9,8 +9,9 @@ they held is delivered again). A *connector* opens a new TCP connection and publ
 again and again, to see whether a connection attempt is ever refused or kept waiting.
 
 Every restart is a fault of the soak's ``Faults`` (``reload``: SIGHUP; ``upgrade``: SIGUSR2),
-recorded in the ledger; for the TLS and snappy topics it is also recorded as a crash, so what
-their consumers get again counts as explained. The verdict is ``ledger.verdict``'s (lost,
+recorded in the ledger; each shard's hand-over (when its process closed what cannot move, as
+the node logs it) is recorded as a crash of the TLS and snappy topics, so what their consumers
+get again counts as explained. The verdict is ``ledger.verdict``'s (lost,
 early, duplicates not explained) and ``restarts``' (plain consumers disconnected, publish
 errors), with the connector's refusals; the figures are the publish stall in the restarts
 (send to acknowledgement), the connector's longest wait, and each shard's hand-over time as
@@ -20,6 +21,7 @@ the node logs it.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import random
 import re
 import resource
@@ -152,9 +154,7 @@ async def _run(cfg: ReloadConfig, node: Node, certs: Certs) -> dict[str, Any]:
     await asyncio.sleep(cfg.warmup)
     done = []
     for kind in cfg.plan:
-        began = time.monotonic()
         outcome = await asyncio.to_thread(faults.inject, kind)
-        ledger.crash(began, f"{kind} closes TLS and compressed connections", frozenset(UPGRADED))
         done.append({"kind": kind, **outcome})
         print(f"  {kind}: {outcome['completed_after_s']} s", flush=True)
         await asyncio.sleep(cfg.gap)
@@ -167,6 +167,8 @@ async def _run(cfg: ReloadConfig, node: Node, certs: Certs) -> dict[str, Any]:
     await asyncio.sleep(2)  # late repeats still count
     stop_consumers.set()
     await asyncio.gather(*tasks, return_exceptions=True)
+    for at in handed_over(node.new_lines()):  # the moments TLS and compressed connections were closed
+        ledger.crash(at, "a shard's hand-over closes TLS and compressed connections", frozenset(UPGRADED))
     spans = restarts.windows(ledger, RESTARTS)
     report = verdict(ledger, Rules(msg_timeout=30.0))
     report.update({
@@ -183,6 +185,17 @@ async def _run(cfg: ReloadConfig, node: Node, certs: Certs) -> dict[str, Any]:
                           (w for s, w in connector.waits if any(a <= s <= b for a, b in spans)), default=0) * 1000, 1)},
         "config": {k: v for k, v in asdict(cfg).items() if k != "mix"}})
     return report
+
+
+_HANDING = re.compile(r"^\[nsqd\] \[shard \d+\] (\S+ \S+) INFO: handing \d+ connection")
+
+
+def handed_over(lines: list[str]) -> list[float]:
+    """When (``time.monotonic()``) each shard's process captured its state for its
+    replacement, closing what cannot move, from the node's log."""
+    offset = time.monotonic() - time.time()
+    return [datetime.datetime.strptime(m.group(1), "%Y/%m/%d %H:%M:%S.%f").timestamp() + offset
+            for line in lines if (m := _HANDING.match(line))]
 
 
 def missed(report: dict[str, Any], cfg: ReloadConfig) -> list[str]:
