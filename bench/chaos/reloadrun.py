@@ -187,15 +187,18 @@ async def _run(cfg: ReloadConfig, node: Node, certs: Certs) -> dict[str, Any]:
     return report
 
 
-_HANDING = re.compile(r"^\[nsqd\] \[shard \d+\] (\S+ \S+) INFO: handing \d+ connection")
+_HANDING = re.compile(r"^\[nsqd\] \[shard \d+\] (\S+ \S+) INFO: handing \d+ connection.* captured in ([\d.]+) ms")
+LOG_SLACK = 0.05  # seconds between a moment and the timestamp of the line logging it
 
 
 def handed_over(lines: list[str]) -> list[float]:
-    """When (``time.monotonic()``) each shard's process captured its state for its
-    replacement, closing what cannot move, from the node's log."""
+    """When (``time.monotonic()``) each shard's process stopped reading to capture its state
+    for its replacement, closing what cannot move: the time its log line gives, less the
+    capture it reports and ``LOG_SLACK`` (a client may see the close before the line is
+    written)."""
     offset = time.monotonic() - time.time()
     return [datetime.datetime.strptime(m.group(1), "%Y/%m/%d %H:%M:%S.%f").timestamp() + offset
-            for line in lines if (m := _HANDING.match(line))]
+            - float(m.group(2)) / 1000 - LOG_SLACK for line in lines if (m := _HANDING.match(line))]
 
 
 def missed(report: dict[str, Any], cfg: ReloadConfig) -> list[str]:
