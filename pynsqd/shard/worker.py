@@ -338,6 +338,14 @@ class ShardWorker:
         task.add_done_callback(_log_failure)
 
     async def _released(self, received: Received) -> None:
+        try:
+            await self._hand_over(received)
+        except Exception:  # half handed over, maybe: go, and be recovered as after a crash
+            log.exception("the hand-over failed; stopping this process so that it is restarted")
+            self.handed_over = True  # leave the queues as they are for the restarted shard
+            self._fatal()
+
+    async def _hand_over(self, received: Received) -> None:
         self._stopping_service = True
         await self._settle()
         servers = [s for s in (self._http_server, self._https_server) if s is not None]

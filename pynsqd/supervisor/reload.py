@@ -193,6 +193,7 @@ class Reloader(Operation):
         successor = slot.successor = Successor(pid, channel)
         log.info("shard %d: replacement started (pid %d)", slot.index, pid)
         swapped = False
+        released = 0  # the old process's pid, once it was told to release
         try:
             if not await _either(successor.standby, successor.gone, STANDBY_WAIT):
                 log.error("shard %d: the replacement (pid %d) did not boot; shard %d runs on", slot.index, pid,
@@ -210,19 +211,23 @@ class Reloader(Operation):
             slot.ready.clear()  # new TCP connections for its topics wait for the replacement
             slot.swapping = True
             frozen = time.monotonic()
-            old_pid = slot.pid
+            old_pid = released = slot.pid
             await old.call(Release(), wait=RELEASE_WAIT)
             self.retiring.add(old_pid)
             slot.take(successor, time.monotonic())
             swapped = True
             if not await _either(slot.ready, successor.gone, READY_WAIT):
-                log.error("shard %d: the replacement (pid %d) did not become ready", slot.index, pid)
+                log.error("shard %d: the replacement (pid %d) did not become ready; killing it", slot.index, pid)
+                if slot.pid == pid:  # not reaped yet: reaped as a dead shard, restarted, recovering
+                    _kill(pid)
                 return False
             log.info("shard %d: replaced (pid %d -> %d): drained in %.3fs, handed over in %.3fs", slot.index,
                      old_pid, pid, frozen - began, time.monotonic() - frozen)
             return True
         except (ConnectionError, TimeoutError) as exc:
             log.error("shard %d: replacement failed - %s", slot.index, exc or type(exc).__name__)
+            if released and not swapped and slot.pid == released:  # not reaped yet: it stopped serving,
+                _kill(released)  # maybe half handed over: a crash (restarted, recovering its logs)
             return False
         finally:
             slot.draining = slot.swapping = False
@@ -278,11 +283,15 @@ class Reloader(Operation):
         if successor is None:
             return
         if not successor.gone.is_set():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(successor.pid, signal.SIGKILL)
+            _kill(successor.pid)
             successor.gone.set()
             self.retiring.add(successor.pid)
         successor.channel.close()
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 async def _either(event: asyncio.Event, failed: asyncio.Event, seconds: float) -> bool:
