@@ -33,6 +33,14 @@ Exit: ``Quiesce`` (``_stop_serving``: stop delivering, wait a bounded time for F
 HTTP, close clients) then ``Exit`` (drain the inbound rings, close every queue, send the
 final snapshot), from the supervisor, or both at once on SIGTERM when run alone; what each
 queue keeps, and where, is docs/architecture.md's "Clean shutdown".
+
+Replacement (a rolling restart, ``supervisor/reload.py``; ``handover.py`` says how): a
+worker started *standby* boots without its queues, says ``Standby`` and waits for the
+``Handover`` parts of the process it replaces, then adopts its queues and connections and
+goes on as above. The process replaced answers ``Drain`` and ``Release``, sends its state and
+exits without touching its queues. ``Adopt`` and ``ServeHTTP`` are answered before their
+connections are read, so a process that dies first loses none. ``Hold`` and ``Resume``
+bracket an upgrade of the supervisor: meanwhile only replies are sent.
 """
 
 from __future__ import annotations
@@ -463,10 +471,10 @@ class ShardWorker:
         recovering from shared memory as after a crash)."""
         assert self.takeover is not None
         self.control.send(Standby(os.getpid()))
-        stop = asyncio.ensure_future(self._stop.wait())
-        await asyncio.wait([stop, asyncio.ensure_future(self.takeover.complete.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
+        waits = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self.takeover.complete.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
         if self.takeover.failed is not None:
             log.error("cannot take over - %s", self.takeover.failed)
             self.failed = True
