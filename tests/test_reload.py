@@ -209,6 +209,43 @@ def test_http_keep_alive_publishers_are_never_refused_or_answered_with_an_error(
         conn.close()
 
 
+def test_https_keep_alive_publishers_are_told_to_reconnect_and_never_answered_with_an_error(
+        node: NodeFactory, certs: Certs) -> None:
+    """An HTTPS connection cannot move (its TLS state lives in the shard's process): each is
+    answered ``Connection: close`` once it owes nothing more and its client opens a new one,
+    which another shard serves; no request fails."""
+    nsqd = node("--shards=2", *certs.server_args())
+    wait_for(lambda: "HTTPS" in nsqd.addresses, 10, what="the HTTPS listener")
+    conns = [http.client.HTTPSConnection(*nsqd.address("HTTPS"), timeout=scaled(30),
+                                         context=certs.client_context()) for _ in range(3)]
+    answers: list[int] = []
+    closes = 0
+
+    def publish(i: int, n: int) -> None:
+        nonlocal closes
+        conn = conns[i % len(conns)]
+        conn.request("POST", f"/pub?topic=hs{i % 3}", body=b"m%d" % n)
+        resp = conn.getresponse()
+        resp.read()
+        answers.append(resp.status)
+        closes += resp.getheader("connection") == "close"
+
+    for i in range(len(conns)):
+        publish(i, -1)
+    before = supervisor(nsqd)["reloads"]
+    nsqd.signal(signal.SIGHUP)
+    n = 0
+    deadline = time.monotonic() + scaled(60)
+    while supervisor(nsqd)["reloads"] == before:
+        assert time.monotonic() < deadline, "the reload did not finish"
+        publish(n, n)
+        n += 1
+    assert set(answers) == {200} and len(answers) == n + len(conns)
+    assert closes >= len(conns)  # each was told, in an answer, to reconnect
+    for conn in conns:
+        conn.close()
+
+
 def test_a_reload_applies_changed_options_and_refuses_a_fixed_one(node: NodeFactory, tmp_path: Path) -> None:
     """The config file is read again: a changed option reaches the new shards (a RDY the
     old limit refused is accepted), one that cannot change without a restart refuses the
