@@ -10,9 +10,10 @@ of a run with another shard count hold (``leftover_rings.py``), create the inbou
 (``node/rings.py``), one heartbeat page and one eventfd per shard. A step that fails undoes
 the ones before it (``startup.py``): a failed start leaves nothing behind.
 
-``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
-interpreter, never a fork of a running loop) with their descriptors inherited, accepts
-once the first says ``ready`` and announces the listeners once all have, accepts TCP connections and hands each to its
+``main()`` spawns the shards (``os.posix_spawn`` of ``node/boot.worker_command``: a fresh
+interpreter that imports exactly this process's code, never a fork of a running loop) with
+their descriptors inherited, accepts once the first says ``ready`` and announces the
+listeners once all have, accepts TCP connections and hands each to its
 shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
 turn (``httpaccept.py``) — every listener through one ``accept.Acceptor``, which rides out a
 lack of descriptors — and keeps the node's single lookupd registration and ``nsqd.dat``
@@ -58,7 +59,7 @@ import orjson
 from pynsqd import NSQ_VERSION, __version__, logs, sdnotify
 from pynsqd.netaddr import bind, bound_port, describe
 from pynsqd.node import metadata
-from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig
+from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig, worker_command
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.control import ControlChannel, Received, channel_pair
 from pynsqd.node.heartbeat import STALL_AFTER, Heartbeat
@@ -84,6 +85,7 @@ from pynsqd.node.messages import (
 from pynsqd.node.metadata import TopicRecord
 from pynsqd.node.placement import Placement
 from pynsqd.node.rings import create_rings, release_rings
+from pynsqd.node.shmowner import OwnerRecord
 from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
 from pynsqd.shm.sizing import Host, plan
@@ -172,6 +174,7 @@ class Supervisor:
             self.https_socket = (start.close_on_failure(bind(opts.https_address, "https-address"))
                                  if opts.https_address and tls_ctx is not None else None)
             self._lock_fd = start.lock()
+            self.owner = start.own_shared_memory(self._lock_fd)
             try:
                 topics = metadata.load(opts.data_dir)
             except ValueError as exc:
@@ -181,7 +184,8 @@ class Supervisor:
             keep = leftover_rings.rescue(opts, shards, self.placement.owner, topics)  # before any shard
             self.rings = create_rings(opts.data_dir, shards)
             start.on_failure(lambda: release_rings(self.rings))
-        sweep_segments(opts.data_dir, topics, {seg.name for seg in self.rings} | keep, self.placement.owner)
+        sweep_segments(opts.data_dir, topics, {seg.name for seg in self.rings} | keep | {self.owner.name},
+                       self.placement.owner)
         self.wake_fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(shards)]
         self.slots = [Slot(i) for i in range(shards)]
         self.start_ns = time.time_ns()
@@ -198,6 +202,7 @@ class Supervisor:
         self.http_socket = inherited.socket(inherited.http_fd)
         self.https_socket = inherited.socket(inherited.https_fd)
         self._lock_fd = inherited.lock_fd
+        self.owner = OwnerRecord(self.opts.data_dir, inherited.owner_fd)  # still locked: the fd survived
         topics = metadata.load(self.opts.data_dir)
         self.placement = Placement(self.opts.data_dir, self.shards)
         self.rings = create_rings(self.opts.data_dir, self.shards)  # they exist: opened as they are
@@ -248,12 +253,12 @@ class Supervisor:
                           control_fd=there.fileno(), heartbeat_fd=self.slots[index].heartbeat.fd,
                           wake_fds=self.wake_fds, standby=standby)
         fds = boot.inherited
-        env = dict(os.environ)
-        env[ENV] = boot.encode()
+        argv, extra = worker_command()
+        env = {**os.environ, **extra, ENV: boot.encode()}
         for fd in fds:
             os.set_inheritable(fd, True)
         try:
-            pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "pynsqd.shard.worker"], env)
+            pid = os.posix_spawn(argv[0], argv, env)
         except OSError:
             here.close()
             raise
@@ -673,6 +678,7 @@ class Supervisor:
         await self.registration.close()
         release_rings(self.rings)
         self.placement.close()
+        self.owner.release()
         os.close(self._lock_fd)
         log.info("exited cleanly in %.3fs", time.monotonic() - started)
 

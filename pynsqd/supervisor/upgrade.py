@@ -54,7 +54,7 @@ import orjson
 
 from pynsqd import sdnotify
 from pynsqd.node.boot import ENV as WORKER_ENV
-from pynsqd.node.boot import IMPORT_CHECK
+from pynsqd.node.boot import IMPORT_CHECK, same_code_command, worker_command
 from pynsqd.node.messages import Done, Hold, Resume
 from pynsqd.shm.sizing import LogSizing
 from pynsqd.supervisor.reload import Operation, reread
@@ -69,6 +69,7 @@ ENV = "PYNSQD_SUPERVISOR"  # the inherited state, for the new image
 PREFLIGHT_WAIT = 60.0  # seconds for the preflight's processes
 QUIESCE_WAIT = 10.0  # seconds for what is under way to finish before the execve
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)  # the supervisor's
+CLI = "pynsqd.supervisor.cli"  # the module whose ``main`` the new image runs
 
 
 @dataclasses.dataclass
@@ -89,6 +90,7 @@ class Inherited:
     http_fd: int  # -1: none
     https_fd: int
     lock_fd: int
+    owner_fd: int  # the shared memory's owner record, locked (``node/shmowner.py``)
     wake_fds: list[int]
     shards: list[InheritedShard]
     start_time: int
@@ -98,7 +100,7 @@ class Inherited:
 
     @property
     def fds(self) -> list[int]:
-        return [fd for fd in (self.tcp_fd, self.http_fd, self.https_fd, self.lock_fd) if fd >= 0] + [
+        return [fd for fd in (self.tcp_fd, self.http_fd, self.https_fd, self.lock_fd, self.owner_fd) if fd >= 0] + [
             *self.wake_fds, *(s.control_fd for s in self.shards), *(s.heartbeat_fd for s in self.shards)]
 
     def encode(self) -> str:
@@ -161,6 +163,7 @@ class Upgrader(Operation):
                                  s.heartbeat.fd, s.restarts, s.version) for s in sup.slots]
         return Inherited(tcp_fd=sup.tcp_socket.fileno(), http_fd=sup.http_socket.fileno() if sup.http_socket else -1,
                          https_fd=sup.https_socket.fileno() if sup.https_socket else -1, lock_fd=sup.lock_fd,
+                         owner_fd=sup.owner.fd,
                          wake_fds=sup.wake_fds, shards=shards, start_time=sup.start_time, start_ns=sup.start_ns,
                          log_sizing=sup.log_sizing, counters=sup.counters())
 
@@ -227,26 +230,27 @@ async def preflight(argv: list[str]) -> str | None:
     their imports, each in a child process; why it failed, or None."""
     env = {k: v for k, v in os.environ.items() if k not in (ENV, WORKER_ENV)}
     env[IMPORT_CHECK] = "1"
-    checks = [[sys.executable, "-m", "pynsqd.supervisor", *argv], [sys.executable, "-m", "pynsqd.shard.worker"]]
-    for command in checks:
+    checks = [("pynsqd.supervisor", same_code_command(CLI, argv)), ("pynsqd.shard.worker", worker_command())]
+    for name, (command, extra) in checks:
         try:
-            proc = await asyncio.create_subprocess_exec(*command, env=env, stdin=asyncio.subprocess.DEVNULL,
+            proc = await asyncio.create_subprocess_exec(*command, env={**env, **extra},
+                                                        stdin=asyncio.subprocess.DEVNULL,
                                                         stdout=asyncio.subprocess.DEVNULL,
                                                         stderr=asyncio.subprocess.PIPE)
             _, err = await asyncio.wait_for(proc.communicate(), PREFLIGHT_WAIT)
         except (OSError, TimeoutError) as exc:
-            return f"{command[2]} cannot start - {exc}"
+            return f"{name} cannot start - {exc}"
         if proc.returncode != 0:
             lines = err.decode("utf-8", "replace").strip().splitlines()
-            return f"{command[2]} fails to start - {lines[-1] if lines else f'exit status {proc.returncode}'}"
+            return f"{name} fails to start - {lines[-1] if lines else f'exit status {proc.returncode}'}"
     return None
 
 
 def reexec(argv: list[str], state: Inherited) -> None:
     """``execve`` the installed supervisor with ``state`` (returns only on failure: ``OSError``,
     with the descriptors made close-on-exec again)."""
-    env = dict(os.environ)
-    env[ENV] = state.encode()
+    command, extra = same_code_command(CLI, argv)  # as the shards are started: this sys.path, not the cwd's
+    env = {**os.environ, **extra, ENV: state.encode()}
     for fd in state.fds:
         os.set_inheritable(fd, True)
     sys.stdout.flush()
@@ -255,7 +259,7 @@ def reexec(argv: list[str], state: Inherited) -> None:
     # is pending survive execve): a SIGTERM then stops the node cleanly instead of killing it.
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
-        os.execve(sys.executable, [sys.executable, "-m", "pynsqd.supervisor", *argv], env)
+        os.execve(command[0], command, env)
     except OSError:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         for fd in state.fds:
