@@ -3,6 +3,7 @@ connections, and connections handed to a shard that dies before it took them."""
 
 from __future__ import annotations
 
+import fcntl
 import http.client
 import json
 import os
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 import pynsqd
+from pynsqd.shm.segment import node_prefix
 from pynsqd.wire.commands import encode_fin, encode_pub, encode_rdy, encode_req, encode_sub
 from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE
 from tests.support.certs import Certs
@@ -407,6 +409,7 @@ def test_an_upgrade_re_executes_the_installed_supervisor_in_place(installed: Pat
             assert not {s["pid"] for s in after["shard_status"]} & {s["pid"] for s in before["shard_status"]}
             nsqd.wait_for_log(r"pynsqd 9\.9\.9 \(nsqd v")
             nsqd.wait_for_log(rf"upgraded: this supervisor \(pid {nsqd.pid}\) runs the installed code")
+            assert _owner_locked(tmp_path / "data")  # the shared memory's owner record stayed locked
             for msg in held:
                 c.send(encode_fin(msg.id))
             c.send(encode_rdy(10))
@@ -420,6 +423,18 @@ def test_an_upgrade_re_executes_the_installed_supervisor_in_place(installed: Pat
     finally:
         nsqd.stop()
         remove_segments([nsqd])
+
+
+def _owner_locked(data: Path) -> bool:
+    """The node's shared-memory owner record is locked by a process (its supervisor)."""
+    fd = os.open(f"/dev/shm/{node_prefix(str(data))}owner", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def test_an_upgrade_to_code_that_does_not_start_is_refused(installed: Path, tmp_path: Path) -> None:
