@@ -176,6 +176,19 @@ def test_tls_and_compressed_connections_are_closed_and_their_messages_requeued_a
     nsqd.wait_for_log(r"closed 2 connection\(s\) that cannot move \(TLS or compression\): 4 message\(s\)")
 
 
+def _publish_through_a_reload(nsqd: Daemon, publish: Callable[[int, int], None]) -> int:
+    """SIGHUP, then ``publish(i, i)`` for i = 0, 1, ... until the reload is done; how many."""
+    before = supervisor(nsqd)["reloads"]
+    nsqd.signal(signal.SIGHUP)
+    n = 0
+    deadline = time.monotonic() + scaled(60)
+    while supervisor(nsqd)["reloads"] == before:
+        assert time.monotonic() < deadline, "the reload did not finish"
+        publish(n, n)
+        n += 1
+    return n
+
+
 def test_http_keep_alive_publishers_are_never_refused_or_answered_with_an_error(node: NodeFactory) -> None:
     """Keep-alive HTTP publishers, idle and busy when the reload comes, keep publishing
     through it: every request is answered 200, none fails; a connection is given another
@@ -195,14 +208,7 @@ def test_http_keep_alive_publishers_are_never_refused_or_answered_with_an_error(
     for i in range(len(conns)):
         publish(i, -1)
         socks.append(conns[i].sock)
-    before = supervisor(nsqd)["reloads"]
-    nsqd.signal(signal.SIGHUP)
-    n = 0
-    deadline = time.monotonic() + scaled(60)
-    while supervisor(nsqd)["reloads"] == before:
-        assert time.monotonic() < deadline, "the reload did not finish"
-        publish(n, n)
-        n += 1
+    n = _publish_through_a_reload(nsqd, publish)
     for i in range(len(conns)):
         publish(i, n + i)
     assert set(answers) == {200} and len(answers) == n + 2 * len(conns)
@@ -234,14 +240,7 @@ def test_https_keep_alive_publishers_are_told_to_reconnect_and_never_answered_wi
 
     for i in range(len(conns)):
         publish(i, -1)
-    before = supervisor(nsqd)["reloads"]
-    nsqd.signal(signal.SIGHUP)
-    n = 0
-    deadline = time.monotonic() + scaled(60)
-    while supervisor(nsqd)["reloads"] == before:
-        assert time.monotonic() < deadline, "the reload did not finish"
-        publish(n, n)
-        n += 1
+    n = _publish_through_a_reload(nsqd, publish)
     assert set(answers) == {200} and len(answers) == n + len(conns)
     assert closes >= len(conns)  # each was told, in an answer, to reconnect
     for conn in conns:
