@@ -306,10 +306,12 @@ class Inbound:
         return True
 
     def stop(self) -> None:
-        """No more wake-ups or retries; a final ``drain(None)`` may still run."""
+        """No more wake-ups, retries or ``catch_up`` (a replacement may consume the rings now);
+        a final ``drain(None)`` may still run."""
         if self._loop is not None:
             self._loop.remove_reader(self.wake_fd)
         self._loop = None
+        self._live = []
         for handle in (self._soon, self._retry):
             if handle is not None:
                 handle.cancel()
