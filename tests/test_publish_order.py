@@ -14,38 +14,19 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import encode_fin, encode_identify, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE, FrameParser
 from pynsqd.wire.message import decode_message
 from tests.conftest import run_async
-from tests.support.harness import Daemon, remove_segments, scaled
+from tests.support.harness import Daemon, scaled
 
 ROUNDS = 500
-NodeFactory = Callable[..., Daemon]
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[NodeFactory]:
-    started: list[Daemon] = []
-
-    def make(shards: int) -> Daemon:
-        path = tmp_path / f"data{len(started)}"
-        path.mkdir()
-        daemon = Daemon("pynsqd.supervisor", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-                                              f"--data-path={path}", f"--shards={shards}"])
-        started.append(daemon)
-        return daemon.start()
-
-    yield make
-    for daemon in started:
-        daemon.stop()
-    remove_segments(started)
+NodeFactory = Callable[..., Daemon]  # conftest's ``nsqd_factory``
+QUIET = "--log-level=info"  # not a debug line per connection: 2,000 connections a test
 
 
 def _post(nsqd: Daemon, path: str) -> None:
@@ -190,9 +171,9 @@ def _stats_topic(nsqd: Daemon, topic: str) -> dict[str, object]:
         return next(t for t in json.loads(resp.read())["topics"] if t["topic_name"] == topic)
 
 
-def test_two_shards_deliver_every_round_in_the_order_it_was_acknowledged(node: NodeFactory) -> None:
+def test_two_shards_deliver_every_round_in_the_order_it_was_acknowledged(nsqd_factory: NodeFactory) -> None:
     """HTTP requests land on both shards; the TCP PUB is served by the topic's owner."""
-    nsqd = node(2)
+    nsqd = nsqd_factory("--shards=2", QUIET)
     _post(nsqd, "/topic/create?topic=order")
     _post(nsqd, "/channel/create?topic=order&channel=c")
     wrong = _rounds(nsqd, "order", [None])
@@ -200,9 +181,9 @@ def test_two_shards_deliver_every_round_in_the_order_it_was_acknowledged(node: N
     assert _stats_topic(nsqd, "order")["message_count"] == 5 * ROUNDS
 
 
-def test_two_shards_keep_the_order_when_every_publish_may_cross_a_ring(node: NodeFactory) -> None:
+def test_two_shards_keep_the_order_when_every_publish_may_cross_a_ring(nsqd_factory: NodeFactory) -> None:
     """As above, and every other TCP PUB is served by the shard that does not own the topic."""
-    nsqd = node(2)
+    nsqd = nsqd_factory("--shards=2", QUIET)
     side = _topics_by_shard(nsqd, 2)
     _post(nsqd, "/topic/create?topic=order")
     _post(nsqd, "/channel/create?topic=order&channel=c")
@@ -211,10 +192,10 @@ def test_two_shards_keep_the_order_when_every_publish_may_cross_a_ring(node: Nod
     assert not wrong, f"{len(wrong)} of {ROUNDS} rounds out of order, e.g. {wrong[:3]}"
 
 
-def test_three_shards_keep_the_order_of_publishes_through_two_rings(node: NodeFactory) -> None:
+def test_three_shards_keep_the_order_of_publishes_through_two_rings(nsqd_factory: NodeFactory) -> None:
     """The owner drains two inbound rings: HTTP requests land on all three shards, TCP PUBs
     are served by each of the two other shards in turn."""
-    nsqd = node(3)
+    nsqd = nsqd_factory("--shards=3", QUIET)
     side = _topics_by_shard(nsqd, 3)
     _post(nsqd, "/topic/create?topic=order")
     _post(nsqd, "/channel/create?topic=order&channel=c")
