@@ -23,7 +23,10 @@ it (Go's ``closeWriteAndWait``). An ``Expect`` Go does not know gets Go's 417 an
 queue. The end of input inside a head is Go's 400.
 
 Write back-pressure (``pause_writing``) pauses reading. ``shutdown()`` (graceful stop) closes
-an idle connection at once and a busy one once everything it received was answered.
+an idle connection at once and a busy one once everything it received was answered. For a
+shard replaced by a new process: ``release()`` gives up an idle plain connection (a duplicate
+of its socket, for the new process to serve), ``finish()`` makes the answer that leaves
+nothing owed say ``Connection: close``.
 
 A subclass serves some requests itself (nsqd's publishes, ``shard/httppub.py``) through three
 hooks: ``classify`` (at each head: set the body limit, mark the request), ``dispatch`` (serve
@@ -35,6 +38,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
@@ -133,6 +138,7 @@ class HTTPConnection(asyncio.Protocol):
         self.busy = False  # a request of the queue waits (its app task, or the subclass's)
         self.joined = False  # ... to be answered later in this loop turn: reading goes on meanwhile
         self.closing = False
+        self.last_answer = False  # ``finish``: the answer that leaves nothing owed says "close"
         self.read_paused = False
         self.write_paused = False
         self._lost: asyncio.Future[None] | None = None  # made when the app waits for a disconnect
@@ -193,6 +199,30 @@ class HTTPConnection(asyncio.Protocol):
         self.closing = True
         if self.transport is not None:
             self.serve()
+
+    def release(self) -> socket.socket | None:
+        """Let another process serve this connection: only when it is idle between requests,
+        nothing of the next one read and every answer written, so no request can be caught
+        half-way (the next one waits in the socket for its new server). Returns a duplicate
+        of the socket; this side is closed without touching the connection. None when it is
+        not idle, or over TLS (whose state cannot move)."""
+        transport = self.transport
+        if (transport is None or transport.is_closing() or self.closing or self.refused or self.busy or self.queue
+                or not self.parser.idle or self.scheme != "http" or transport.get_write_buffer_size()):
+            return None
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        dup = socket.socket(fileno=os.dup(sock.fileno()))
+        self.closing = True
+        transport.abort()
+        return dup
+
+    def finish(self) -> None:
+        """Close once what was received is answered, telling the client so in that answer
+        (``Connection: close``): its next request goes to a new connection, never into one
+        closed under it. An idle connection stays until then."""
+        self.last_answer = True
 
     # --- requests -------------------------------------------------------------------------
     def on_head(self, req: Request) -> bool:
@@ -304,7 +334,7 @@ class HTTPConnection(asyncio.Protocol):
         """``req``'s whole answer in one write; ``length``: add its ``content-length``. Closes
         after it when ``req`` (or ``close``) says so."""
         assert self.transport is not None
-        close = close or not req.keep_alive
+        close = close or not req.keep_alive or (self.last_answer and not self.queue and self.parser.idle)
         line = STATUS.get(status) or b"HTTP/1.1 %d \r\n" % status
         if not req.http11:
             line = b"HTTP/1.0" + line[8:]

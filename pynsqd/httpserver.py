@@ -11,6 +11,9 @@ installs no signal handler: the daemon owns SIGTERM and SIGINT and calls ``stop(
 
 - ``serve(sock)`` serves a listening socket until ``stop()``; ``serve()`` without one serves
   only what ``adopt(sock)`` hands it. A TLS handshake that fails only closes that connection.
+- ``release_idle()``, ``finish_all()`` and ``close_all()`` serve a shard replaced by a new
+  process (``shard/handover.py``): idle plain connections given up for it, the others told
+  to close after their last answer, what is still open at the release closed.
 - ``stop()`` makes ``serve`` stop: the listener closes (new connections wait in the kernel's
   backlog, or go elsewhere), ``adopt`` closes what it is given, every connection is asked to
   ``shutdown()`` (an idle one closes at once, a busy one once it has answered what it
@@ -80,6 +83,35 @@ class HTTPServer:
         """Make ``serve`` stop gracefully; safe to call more than once."""
         self.stopping = True
         self._stop.set()
+
+    # --- a shard replaced by a new process (``shard/handover.py``) --------------------------
+    def release_idle(self) -> list[socket.socket]:
+        """Give up every plain HTTP connection that is idle between requests, for another
+        process to serve (``HTTPConnection.release``); busy ones are left to finish."""
+        out = []
+        for conn in list(self.connections.open):
+            sock = conn.release()
+            if sock is not None:
+                out.append(sock)
+        return out
+
+    def finish_all(self) -> None:
+        """Every connection closes once it owes no answer, saying so in that answer
+        (``HTTPConnection.finish``)."""
+        for conn in list(self.connections.open):
+            conn.finish()
+
+    @property
+    def open_connections(self) -> int:
+        return len(self.connections.open)
+
+    def close_all(self) -> int:
+        """Close every connection now; how many there were."""
+        conns = list(self.connections.open)
+        for conn in conns:
+            if conn.transport is not None:
+                conn.transport.close()
+        return len(conns)
 
     async def _shutdown(self) -> None:
         loop = asyncio.get_running_loop()

@@ -208,7 +208,7 @@ class PublishConnection(HTTPConnection):
 
     def _write_ok(self, req: Request) -> None:
         assert self.transport is not None
-        if not req.keep_alive or not req.http11:
+        if not req.keep_alive or not req.http11 or self.last_answer:
             self.write(req, 200, [*TEXT, NSQ_HEADER], b"OK")
             return
         if time.time() >= _ok[0]:  # a new second: a new date
