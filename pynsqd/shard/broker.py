@@ -46,7 +46,7 @@ from pynsqd.shard.topic import Topic
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.shm.log import MessageLog
 from pynsqd.shm.ring import buffer_size
-from pynsqd.wire.message import HEADER, IdFactory
+from pynsqd.wire.message import HEADER, TS_ATTEMPTS, IdFactory
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -308,19 +308,21 @@ class Broker:
         when the topic's owner is another shard whose inbound ring is full."""
         if self.exiting:
             raise BrokerError("exiting")
-        prefix = HEADER.pack(time.time_ns(), 0, b"")[:10]
         if len(bodies) == 1:  # PUB and HTTP /pub: no comprehension for one message
-            records = [prefix + self.ids.next_id() + bodies[0]]
-            size = len(bodies[0])
+            body = bodies[0]
+            records = [TS_ATTEMPTS.pack(time.time_ns(), 0) + self.ids.next_id() + body]
+            size = len(body)
         else:
-            records = self.ids.next_records(prefix, bodies)
+            records = self.ids.next_records(TS_ATTEMPTS.pack(time.time_ns(), 0), bodies)
             size = sum(map(len, bodies))
-        router = self._remote(topic_name)
-        if router is not None:
-            self._forward(router, topic_name, bodies, records, size)
-            return
+        topic = self.topics.get(topic_name)  # only this shard's own topics are in ``topics``
+        if topic is None:
+            router = self._remote(topic_name)
+            if router is not None:
+                self._forward(router, topic_name, bodies, records, size)
+                return
         try:
-            self.get_topic(topic_name).put_many(records, size)
+            (topic or self.get_topic(topic_name)).put_many(records, size)
         except OSError as exc:
             self.health = f"NOK - {exc}"
             raise BrokerError(str(exc)) from exc

@@ -190,7 +190,11 @@ class MessageQueue:
         path with the messages."""
         log = self.log
         room = self.limit - self.ready
-        if isinstance(records, Frames):
+        if len(records) == 1 and room > 0 and log.put_ready(records[0]):  # one message: PUB, /pub
+            self.ready += 1
+            self.live += 1
+            return
+        if type(records) is Frames:
             n = len(records)
             # frames are >= 24 bytes a message more than the messages: spare is >= need below
             spare = log.free_bytes - (records.end - records.start) - 7 * n

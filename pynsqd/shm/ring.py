@@ -176,8 +176,12 @@ class ByteRing:
 
     def put(self, record: bytes) -> bool:
         """Append one record; False when it does not fit now. ValueError if it never can.
-        (One record that fits before the end is written here directly, a quarter of the
-        cost of ``put_many``'s batch set-up; everything else goes through ``put_many``.)"""
+        (One record that fits before the end is written by ``put_before_end``, a quarter of
+        the cost of ``put_many``'s batch set-up; everything else goes through ``put_many``.)"""
+        return self.put_before_end(record) or self.put_many((record,)) == 1
+
+    def put_before_end(self, record: bytes) -> bool:
+        """Append one record if it fits now before the end of the area; False if not."""
         size = len(record)
         frame = (size + 15) & ~7
         words = self._words
@@ -192,7 +196,7 @@ class ByteRing:
             words[_WSEQ] = words[_WSEQ] + 1
             words[_WRITE] = write + frame
             return True
-        return self.put_many((record,)) == 1
+        return False
 
     def put_many(self, records: Sequence[bytes], prefix: bytes = b"") -> int:
         """Append as many whole records as fit, in order; return how many were written.

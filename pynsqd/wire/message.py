@@ -30,6 +30,7 @@ _twin = compiled_twin("pynsqd.wire._idrecords")
 _make_records = idrecords.make_records if _twin is None else _twin.make_records
 
 HEADER = struct.Struct(">qH16s")
+TS_ATTEMPTS = struct.Struct(">qH")  # the header before the id: a new message's prefix
 HEADER_SIZE = HEADER.size  # 26
 ATTEMPTS = struct.Struct(">H")
 ATTEMPTS_OFFSET = 8
