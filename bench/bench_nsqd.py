@@ -13,6 +13,11 @@ Scenarios (``--scenarios``, default all; 200-byte messages, ``--runfor`` seconds
           /channel/create; the seconds that took, how long /metrics and /stats?format=json
           take to answer (median of 5), and RSS
 
+``--nsq-tools DIR`` loads the TCP scenarios (mpub, sub, pub, mpub32, sub32) with NSQ's own
+``bench_writer`` and ``bench_reader`` from DIR instead of the Python load processes
+(``bench/nsq_tools.py``: built from NSQ's source; pub is then an MPUB of one message a round
+trip, as ``bench_writer --batch-size=1`` sends it, and has no round-trip percentiles).
+
 Each scenario prints its throughput (msgs/s), the server's CPU µs a message (the process and
 all its descendants: supervisor and shards), the peak RSS of that tree, and round-trip p50,
 p99, p99.9 where a request carries one message (pub, http).
@@ -21,8 +26,9 @@ Node A is started from ``--tree`` (default this checkout: its ``python -m pynsqd
 with this interpreter and ``PYTHONPATH=tree``), or from ``--nsqd-bin`` (another nsqd binary,
 same flags), or is a running node (``--nsqd-tcp-address``, ``--nsqd-http-address`` and
 ``--nsqd-pid`` to meter). Started nodes are fresh for each group of scenarios (mpub,sub,pub /
-mpub32,sub32 / http / topics), with a fresh data path, free ports, ``--mem-queue-size=1000000``
-and defaults otherwise (one shard a CPU), and stopped by pid after it. Node B, from the
+mpub32,sub32 / http / topics), with a fresh data path that is also their working directory
+(never the checkout), free ports, ``--mem-queue-size=1000000`` and defaults otherwise (one
+shard a CPU), and stopped by pid after it. Node B, from the
 ``--compare-*`` flags, is optional; with it both nodes run the same scenario one after the
 other (A B, then B A on the next repeat), and the output ends with ``figure | A | B | B/A``.
 Before each scenario both nodes are let go idle (under 6% of a CPU) and the page cache's dirty
@@ -30,6 +36,8 @@ pages are written back (``os.sync``), so that neither's leftover work, nor the k
 back the other's spilled messages, counts against it. ``--repeat N`` prints medians of N runs.
 
   .venv/bin/python bench/bench_nsqd.py --tree /path/to/base --compare-tree . --repeat 3
+  .venv/bin/python bench/bench_nsqd.py --nsqd-bin /path/to/go/nsqd --compare-tree . \
+      --nsq-tools /path/to/nsq/bench/bin --repeat 4
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import wrk  # noqa: E402
+from bench import nsq_tools, wrk  # noqa: E402
 from bench.common import Meter, running_node  # noqa: E402
 from bench.nsqd_scenarios import GROUPS, SCENARIOS, Figures, Target  # noqa: E402
 
@@ -189,6 +197,8 @@ def main() -> None:
     parser.add_argument("--mem-queue-size", type=int, default=1_000_000, help="flag of the started nodes")
     parser.add_argument("--loadgen", choices=("wrk", "python"), default="wrk" if wrk.available() else "python",
                         help="HTTP load generator (default: wrk when installed)")
+    parser.add_argument("--nsq-tools", type=nsq_tools.check, metavar="DIR",
+                        help="load the TCP scenarios with NSQ's bench_writer and bench_reader from DIR")
     for prefix, which in (("", "A"), ("compare-", "B")):
         parser.add_argument(f"--{prefix}tree", help=f"start node {which} from this checkout"
                                                     + (" (default: this one)" if which == "A" else ""))
@@ -204,7 +214,9 @@ def main() -> None:
     sides = [s for s in (_side("A", args, ""), _side("B", args, "compare_")) if s]
     for s in sides:
         print(f"{s.label}: {s.describe()}")
-    print(f"{args.size}-byte messages, {args.runfor:g} s phases, HTTP load from {args.loadgen}", flush=True)
+    tcp_load = f"NSQ's bench_writer/bench_reader in {args.nsq_tools}" if args.nsq_tools else "Python processes"
+    print(f"{args.size}-byte messages, {args.runfor:g} s phases, TCP load from {tcp_load}, "
+          f"HTTP load from {args.loadgen}", flush=True)
     runs = run(args, sides)
     print(f"\nmedian of {args.repeat} run(s):")
     print("\n".join(table(runs, [n for n in SCENARIOS if n in args.scenarios])))

@@ -32,14 +32,14 @@ def start_node(data: str, *flags: str, tree: Path = ROOT,
 
     The node is ``python -m pynsqd.supervisor`` of ``tree`` (this checkout unless told; the
     same interpreter, ``PYTHONPATH=tree``), or ``command`` (e.g. another nsqd binary) run with
-    the same flags."""
+    the same flags. Either runs in ``data`` (a scratch directory), never in the checkout."""
     env = None
     if not command:
         command = [sys.executable, "-m", "pynsqd.supervisor"]
         env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.Popen(
         [*command, "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", f"--data-path={data}", *flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tree if env else data, env=env)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=data, env=env)
     assert proc.stderr is not None
     ports: dict[bytes, int] = {}
     deadline = time.monotonic() + 30
@@ -167,9 +167,10 @@ def remove_segments(data: str) -> None:
 
 
 def _drain(stream: IO[bytes]) -> None:
-    """Keep reading the node's log so it never blocks on a full pipe."""
-    for _ in stream:
-        pass
+    """Keep reading the node's log so it never blocks on a full pipe; close it at its end."""
+    with stream:
+        for _ in stream:
+            pass
 
 
 def count_size_parser(doc: str | None, count: int, count_help: str) -> argparse.ArgumentParser:
