@@ -46,7 +46,7 @@ from pynsqd.shard.topic import Topic
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.shm.log import MessageLog
 from pynsqd.shm.ring import buffer_size
-from pynsqd.wire.message import HEADER, TS_ATTEMPTS, IdFactory
+from pynsqd.wire.message import TS_ATTEMPTS, IdFactory
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -310,7 +310,7 @@ class Broker:
             raise BrokerError("exiting")
         if len(bodies) == 1:  # PUB and HTTP /pub: no comprehension for one message
             body = bodies[0]
-            records = [TS_ATTEMPTS.pack(time.time_ns(), 0) + self.ids.next_id() + body]
+            records = [self.ids.next_record(TS_ATTEMPTS.pack(time.time_ns(), 0), body)]
             size = len(body)
         else:
             records = self.ids.next_records(TS_ATTEMPTS.pack(time.time_ns(), 0), bodies)
@@ -357,7 +357,7 @@ class Broker:
         """DPUB: deliver ``body`` after ``delay_ms``. Raises ``BrokerError``."""
         if self.exiting:
             raise BrokerError("exiting")
-        record = HEADER.pack(time.time_ns(), 0, self.ids.next_id()) + body
+        record = self.ids.next_record(TS_ATTEMPTS.pack(time.time_ns(), 0), body)
         router = self._remote(topic_name)
         if router is not None:
             router.forward(topic_name, [record], len(body), delay_ms * MS)

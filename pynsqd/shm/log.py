@@ -107,7 +107,7 @@ class MessageLog(ByteRing):
     def put_ready(self, message: bytes) -> bool:
         """Append one ready message if it fits now before the end of the area; False if
         not (``append_ready`` also wraps)."""
-        return self.put_before_end(READY_HEADER + message)
+        return kernels.put_one(self._buf, self._words, self._cap, self._max_frame, READY_HEADER, message)
 
     def append(self, message: bytes, state: int, due: int = 0) -> int | None:
         """Append one message in ``state``; its position, or None when it does not fit."""

@@ -1,5 +1,6 @@
 """The per-record loops of a ``MessageLog``, in pure Python: finding records in a state,
-delivering them (state, attempts, NSQ frames, ids) and releasing finished ones at the front.
+delivering them (state, attempts, NSQ frames, ids) and releasing finished ones at the front;
+and appending one record (``put_one``, ``shm/ring.py``'s: a single PUB's message).
 
 ``buf`` is the log's whole buffer (ring header included), ``cap`` its record-area size,
 ``read``/``write`` the ring's indices; positions are offsets in the record area of a
@@ -13,7 +14,9 @@ from __future__ import annotations
 import struct
 
 from pynsqd.shm.frames import FRAME, FRAME_SIZE, WRAP, RingError
-from pynsqd.shm.ring import HEADER_SIZE
+from pynsqd.shm.ring import HEADER_SIZE, put_one
+
+__all__ = ["deliver_ready", "deliver_run", "find", "frame_at", "put_one", "release_front"]
 
 READY = 1
 IN_FLIGHT = 2
