@@ -13,6 +13,14 @@ Scenarios (``--scenarios``, default all; 200-byte messages, ``--runfor`` seconds
           /channel/create; the seconds that took, how long /metrics and /stats?format=json
           take to answer (median of 5), and RSS
 
+and beyond it (``bench/nsqd_beyond.py``: each scenario its own group of fresh nodes):
+
+  tls       MPUB over TLS, then TLS consumers         snappy, deflate  compressed consumers
+  idle      10,000 idle connections: accept time, RSS, CPU
+  mib       1 MiB messages, MB/s in and out           deferred  1,000,000 DPUB of 60 s waiting
+  backlog   draining 5,000,000 messages from disk     latency   publish-to-deliver percentiles
+                                                                at half of the peak rate
+
 ``--nsq-tools DIR`` loads the TCP scenarios (mpub, sub, pub, mpub32, sub32) with NSQ's own
 ``bench_writer`` and ``bench_reader`` from DIR instead of the Python load processes
 (``bench/nsq_tools.py``: built from NSQ's source; pub is then an MPUB of one message a round
@@ -26,9 +34,9 @@ Node A is started from ``--tree`` (default this checkout: its ``python -m pynsqd
 with this interpreter and ``PYTHONPATH=tree``), or from ``--nsqd-bin`` (another nsqd binary,
 same flags), or is a running node (``--nsqd-tcp-address``, ``--nsqd-http-address`` and
 ``--nsqd-pid`` to meter). Started nodes are fresh for each group of scenarios (mpub,sub,pub /
-mpub32,sub32 / http / topics), with a fresh data path that is also their working directory
-(never the checkout), free ports, ``--mem-queue-size=1000000`` and defaults otherwise (one
-shard a CPU), and stopped by pid after it. Node B, from the
+mpub32,sub32 / http / topics / each of the others), with a fresh data path that is also their working directory
+(never the checkout), free ports, ``--mem-queue-size=1000000`` (backlog: 0; tls adds its
+certificate) and defaults otherwise (one shard a CPU), and stopped by pid after it. Node B, from the
 ``--compare-*`` flags, is optional; with it both nodes run the same scenario one after the
 other (A B, then B A on the next repeat), and the output ends with ``figure | A | B | B/A``.
 Before each scenario both nodes are let go idle (under 6% of a CPU) and the page cache's dirty
@@ -60,8 +68,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import nsq_tools, wrk  # noqa: E402
-from bench.common import Meter, running_node  # noqa: E402
-from bench.nsqd_scenarios import GROUPS, SCENARIOS, Figures, Target  # noqa: E402
+from bench import nsqd_beyond as beyond  # noqa: E402
+from bench import nsqd_scenarios as bench_sh  # noqa: E402
+from bench.common import Meter, running_node, write_certs  # noqa: E402
+from bench.nsqd_scenarios import Figures, Target  # noqa: E402
+
+SCENARIOS = {**bench_sh.SCENARIOS, **beyond.SCENARIOS}
+GROUPS = [*bench_sh.GROUPS, *((name,) for name in beyond.SCENARIOS)]
 
 
 @dataclass
@@ -86,7 +99,7 @@ class Side:
         return f"tree {self.tree} ({commit or 'not a git checkout'})"
 
     @contextlib.contextmanager
-    def node(self, mem_queue_size: int) -> Iterator[Target]:
+    def node(self, flags: list[str]) -> Iterator[Target]:
         """A fresh node for one group of scenarios (or the running one; the topics the group
         made on it are deleted afterwards)."""
         prefix = f"b{uuid.uuid4().hex[:6]}"
@@ -102,7 +115,7 @@ class Side:
             return
         command = [self.binary] if self.binary else []
         with tempfile.TemporaryDirectory() as data, running_node(
-                data, f"--mem-queue-size={mem_queue_size}", "--log-level=info", stop_timeout=120,
+                data, *flags, "--log-level=info", stop_timeout=120,
                 tree=self.tree or ROOT, command=command) as (proc, tcp_port, http_port):
             yield Target(("127.0.0.1", tcp_port), ("127.0.0.1", http_port), Meter(proc.pid), prefix)
 
@@ -150,8 +163,9 @@ def run(args: argparse.Namespace, sides: list[Side]) -> dict[str, list[dict[str,
             names = [n for n in group if n in args.scenarios]
             if not names:
                 continue
+            flags = beyond.flags(group[0], args.certs, args.mem_queue_size)
             with contextlib.ExitStack() as stack:
-                targets = {s.label: stack.enter_context(s.node(args.mem_queue_size)) for s in order}
+                targets = {s.label: stack.enter_context(s.node(flags)) for s in order}
                 for name in names:
                     for s in order:
                         for target in targets.values():
@@ -214,6 +228,12 @@ def main() -> None:
     sides = [s for s in (_side("A", args, ""), _side("B", args, "compare_")) if s]
     for s in sides:
         print(f"{s.label}: {s.describe()}")
+    with tempfile.TemporaryDirectory() as certs:
+        args.certs = write_certs(certs, "localhost", "127.0.0.1") if "tls" in args.scenarios else {"ca": ""}
+        _report(args, sides)
+
+
+def _report(args: argparse.Namespace, sides: list[Side]) -> None:
     tcp_load = f"NSQ's bench_writer/bench_reader in {args.nsq_tools}" if args.nsq_tools else "Python processes"
     print(f"{args.size}-byte messages, {args.runfor:g} s phases, TCP load from {tcp_load}, "
           f"HTTP load from {args.loadgen}", flush=True)
