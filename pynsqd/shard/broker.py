@@ -19,7 +19,11 @@ The scan's work follows what is active, not how many topics and channels there a
 visits only the channels in ``_timed`` (added by ``Channel.on_timers`` when one gets
 something in flight or deferred, dropped by the scan once ``has_timers`` is false), the
 topics in ``_retrying`` (added by ``Topic.on_retry`` when a hand-on fails, dropped once the
-retry succeeded) and the disk queues in ``Syncer.unsynced``. A deleted topic or channel is
+retry succeeded) and the disk queues in ``Syncer.unsynced``; each scan checks the read
+deadline of a tenth of the clients (``CLIENT_PARTS``, each once a second: the deadline is two
+heartbeat intervals, 2 s at least), so 10,000 idle connections cost a thousand checks a scan,
+not ten thousand, and the write deadline of every client whose writes are paused (``stuck``:
+a pause shorter than the next check must not hide a longer one). A deleted topic or channel is
 dropped when the scan next meets it. An idle node with thousands of topics thus scans
 nothing but its clients.
 
@@ -51,6 +55,7 @@ from pynsqd.wire.message import TS_ATTEMPTS, IdFactory
 log = logging.getLogger("pynsqd.shard")
 
 SCAN_INTERVAL = 0.1  # seconds, nsqd's QueueScanInterval
+CLIENT_PARTS = 10  # each scan checks the deadlines of one part of the clients: each once a second
 
 
 class BrokerError(Exception):
@@ -109,6 +114,9 @@ class Broker:
         # part; its retry passes the same list and resumes after them (``_forward``)
         self._partial: dict[int, tuple[list[bytes], int]] = {}
         self._pump_handle: asyncio.Handle | None = None
+        self._scan_turn = 0
+        self.stuck: set[Any] = set()  # clients whose writes are paused: checked every scan
+        self._checking: list[Any] = []  # the clients whose deadlines this second's scans check
         self._scan_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # ("created" | "deleted", topic, channel or None) for every topic/channel change
@@ -186,7 +194,13 @@ class Broker:
                 self.schedule(topic)
         if self.syncer is not None:
             self.syncer.scan(now)
-        for client in list(self.clients):
+        part = self._scan_turn % CLIENT_PARTS
+        self._scan_turn += 1
+        if not part:
+            self._checking = list(self.clients)
+        for client in self._checking[part::CLIENT_PARTS]:
+            client.check_deadlines(now)
+        for client in list(self.stuck):
             client.check_deadlines(now)
 
     def _watch_timers(self, channel: Channel) -> None:

@@ -82,6 +82,7 @@ from pynsqd.node.tls import build_server_context
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.crossshard import Inbound, Outbound
 from pynsqd.shard.http import NsqdHTTP
+from pynsqd.shard.memory import keep_large_blocks
 from pynsqd.shard.node import node_info, queue_factory
 from pynsqd.shard.nodehttp import NodeHTTP, run_local
 from pynsqd.shard.protocol import ClientV2
@@ -402,6 +403,7 @@ def main() -> None:
     die_with_parent(boot.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor coordinates Ctrl-C
     logs.setup(f"{boot.opts.log_prefix}[shard {boot.index}] ", boot.opts.log_level)
+    keep_large_blocks()
     try:
         worker = ShardWorker(boot)
     except Exception as exc:

@@ -111,7 +111,9 @@ class MessageLog(ByteRing):
 
     def append(self, message: bytes, state: int, due: int = 0) -> int | None:
         """Append one message in ``state``; its position, or None when it does not fit."""
-        if not self.put_many((message,), state_header(state, due)):
+        lead = state_header(state, due)
+        if not kernels.put_one(self._buf, self._words, self._cap, self._max_frame, lead, message) and not \
+                self.put_many((message,), lead):
             return None
         size = STATE_SIZE + len(message)
         return (self.write_index - (size + (-size & 7))) % self._cap

@@ -274,7 +274,8 @@ class CommandParser:
         if name == b"MPUB":
             body, self._mpub_bodies = self._mpub_bodies, []
         else:
-            body = bytes(buf[pos:pos + size])
+            with memoryview(buf) as view:  # one copy, not a bytearray slice and then bytes
+                body = bytes(view[pos:pos + size])
         out.append((name, params, body))
         self._pending = None
         self._body_size = -1
