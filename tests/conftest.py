@@ -33,7 +33,7 @@ T = TypeVar("T")
 # modules that restart nodes, kill processes, run clusters or foreign clients: minutes, not seconds
 INTEGRATION_MODULES = frozenset({
     "test_admin_api", "test_admin_browser", "test_client_batch", "test_client_discovery",
-    "test_client_features", "test_client_interop", "test_crash", "test_deploy_docker",
+    "test_client_features", "test_client_interop", "test_crash", "test_crash_serving", "test_deploy_docker",
     "test_deploy_kubernetes", "test_deploy_prometheus", "test_deploy_systemd", "test_discovery",
     "test_durability_gaps", "test_exact_recovery", "test_foreign_clients", "test_foreign_clients_features",
     "test_log_sizing",

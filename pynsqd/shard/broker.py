@@ -27,6 +27,10 @@ a pause shorter than the next check must not hide a longer one). A deleted topic
 dropped when the scan next meets it. An idle node with thousands of topics thus scans
 nothing but its clients.
 
+A topic or channel whose shared-memory log a previous process left is adopted in steps while
+the shard serves (``recovery.py``): ``restore`` recovers ``BOOT`` records' worth at once, the
+loop the rest.
+
 Publishing turns bodies into encoded messages (``pynsqd.wire.message``): one wall-clock
 read and one batch of ids per PUB/MPUB.
 """
@@ -45,6 +49,7 @@ from pynsqd.options import MS
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import Backend, DropBackend, MessageQueue
+from pynsqd.shard.recovery import BOOT, Recovery, match_channels, recover_channel, recover_topic
 from pynsqd.shard.syncer import Syncer
 from pynsqd.shard.topic import Topic
 from pynsqd.shm.diskqueue import DiskQueue
@@ -124,6 +129,7 @@ class Broker:
         self.syncer: Syncer | None = None  # disk-queue syncs off the loop, once started
         self.on_scan: Callable[[], None] | None = None  # after every scan: the shard's heartbeat
         self.on_fatal: Callable[[], None] | None = None  # the scan failed: take the process down
+        self.recovery = Recovery()  # the logs a previous process left, adopted in steps
 
     # --- the loop-driven machinery --------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -135,6 +141,7 @@ class Broker:
             for channel in topic.channels.values():
                 self._attach(channel.queue.backend)
         self._scan_handle = loop.call_later(SCAN_INTERVAL, self._scan)
+        self.recovery.start(loop)
 
     def _attach(self, backend: Backend) -> None:
         if self.syncer is not None and isinstance(backend, DiskQueue):
@@ -228,8 +235,9 @@ class Broker:
             topic = Topic(name, queue, self.schedule, self._watch_retry)
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
-            if queue.recovering and topic.recover():
-                log.info("TOPIC(%s): recovered %d messages", name, topic.depth)
+            if queue.recovering:
+                topic.start_recovery()
+                self.recovery.add(recover_topic(topic))
             self._changed("created", name, None)
         return topic
 
@@ -247,7 +255,10 @@ class Broker:
             topic.add_channel(channel)
             log.info("TOPIC(%s): new channel(%s)", topic.name, name)
             if queue.recovering:
-                log.info("CHANNEL(%s): recovered %d messages", queue_name, channel.recover())
+                channel.start_recovery()
+                self.recovery.add(recover_channel(channel))
+                if not topic.matching:
+                    self.recovery.add(match_channels(topic))
                 topic.recovered_channel(channel)
             self._changed("created", topic.name, name)
         return channel
@@ -396,7 +407,9 @@ class Broker:
                 for t in topics]
 
     def restore(self, topics: list[TopicRecord]) -> None:
-        """Recreate topics and channels from ``nsqd.dat`` (no change notifications)."""
+        """Recreate topics and channels from ``nsqd.dat`` (no change notifications), and
+        recover up to ``BOOT`` records of the logs a previous process left (the rest while
+        serving, once ``start`` ran)."""
         notify, self.on_change = self.on_change, None
         try:
             for name, paused, channels in topics:
@@ -407,6 +420,7 @@ class Broker:
                 topic.paused = paused
         finally:
             self.on_change = notify
+        self.recovery.run(BOOT)
 
     # --- shutdown -------------------------------------------------------------------------
     def close(self) -> None:
@@ -416,6 +430,7 @@ class Broker:
             self._scan_handle.cancel()
         if self._pump_handle is not None:
             self._pump_handle.cancel()
+        self.recovery.stop()
         if self.syncer is not None:
             self.syncer.close()  # the queues below sync inline as they close
         for topic in list(self.topics.values()):

@@ -22,7 +22,7 @@ Every message of the channel has a record in its shared-memory log (``MessageQue
 flight and writes the attempts in place, REQ and timeouts mark it ready again in place,
 REQ with a delay marks it deferred with its wall-clock due time, FIN marks it done. The
 in-memory tables below (``in_flight``, ``deferred``) hold each record's position; a
-restarted process rebuilds them from the log (``recover``).
+restarted process rebuilds them from the log in steps while it serves (``recover_step``).
 
 The hot path works per batch, never per message object: a delivery of up to ``CHUNK``
 messages walks the log once (``MessageQueue.deliver``: mark in flight, count attempts, and
@@ -96,16 +96,29 @@ class Channel:
     def __repr__(self) -> str:
         return f"<Channel {self.topic_name}:{self.name}>"
 
-    def recover(self) -> int:
-        """Adopt the log a previous process left (ready and in-flight messages are ready,
-        deferred ones wait for their due time). Returns the number of live messages."""
+    def start_recovery(self) -> None:
+        """Adopt the log a previous process left (``MessageQueue.start_recovery``); then
+        ``recover_step`` until ``queue.scanning`` is false (``shard/recovery.py``)."""
+        self._recovered_deferred(self.queue.start_recovery())
+
+    def recover_step(self, max_count: int) -> int:
+        """Recover up to ``max_count`` more records of the log: in-flight and ready ones are
+        delivered again, deferred ones wait for their due time. Returns the records walked."""
+        queue = self.queue
+        scan = queue.scan
+        walked = scan.walked if scan is not None else 0
+        self._recovered_deferred(queue.recover_step(max_count))
+        if queue.ready and self.consumers:
+            self._schedule(self)
+        return (scan.walked - walked) if scan is not None else 0
+
+    def _recovered_deferred(self, found: list[tuple[int, int, bytes]]) -> None:
         now_mono, now_wall = time.monotonic_ns(), time.time_ns()
-        for pos, due_wall, record in self.queue.recover():
+        for pos, due_wall, record in found:
             self.deferred.push(now_mono + max(0, due_wall - now_wall), record)
             self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = pos
-        if self.deferred_at:
+        if found:
             self._timers_added()
-        return self.queue.ready + len(self.deferred_at) + self.queue.backend_depth
 
     def _moved(self, old: int, new: int, state: int, record: bytes) -> None:
         """The log moved a live record (to free its front)."""

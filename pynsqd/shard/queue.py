@@ -21,16 +21,18 @@ unlinked only once its records are on disk, so a kill -9 in between gives duplic
 loss, and a reboot after a clean stop loses nothing. A deferred message
 that finds no room in the log while the process runs is appended to the queue's journal
 (``pynsqd.shm.sidecar``) before it is acknowledged; the owner holds it in memory and the
-journal goes once all of its messages are stored elsewhere. ``recover`` loads the sidecar
-and the journal back as deferred records (after the segment's own, if one was left).
+journal goes once all of its messages are stored elsewhere. After a restart the owner adopts
+the log in steps while it serves (``start_recovery``, then ``recover_step`` until it says
+done: ``pynsqd.shm.logrecovery`` says what holds meanwhile); ``start_recovery`` loads the
+sidecar and the journal back as deferred records (after the segment's own records).
 Spilled messages are read back with the backend's peek, stored in the log, then committed;
 when fewer fit than were read, only those are committed and the rest stay on disk, at the
 front, to be read again (nothing is written back, so a failing disk cannot lose them).
 The disk queue persists its read position only when it syncs, so the queue keeps it in its
 segment too (``pynsqd.shm.store.BackendMark``): before each append of a refill, the position
-past it with the log's write index; after the commit, the committed position. ``recover``
-hands the backend the position that matches the log (``DiskQueue.skip_to``), so a kill -9
-at any point reads no refilled message a second time.
+past it with the log's write index; after the commit, the committed position. The end of
+the recovery hands the backend the position that matches the log (``DiskQueue.skip_to``), so
+a kill -9 at any point reads no refilled message a second time.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import Protocol
 from pynsqd.shm import sidecar as sidecar_file
 from pynsqd.shm.frames import Frames
 from pynsqd.shm.log import DEFERRED, DONE, READY, READY_HEADER, MessageLog
+from pynsqd.shm.logrecovery import Deferred, LogScan
 from pynsqd.shm.segment import Segment
 from pynsqd.shm.store import BackendMark, Position, open_log
 
@@ -110,7 +113,7 @@ class MessageQueue:
     backend's error (then nothing was stored)."""
 
     __slots__ = ("_done", "_mark", "again", "backend", "cursor", "grow", "journal", "journaled", "largest", "limit",
-                 "live", "log", "on_move", "ready", "recovering", "segment", "sidecar")
+                 "live", "log", "on_move", "ready", "recovering", "scan", "segment", "shifted", "sidecar")
 
     def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
                  recovering: bool = False, sidecar: str | None = None) -> None:
@@ -119,7 +122,9 @@ class MessageQueue:
         # where deferred messages without room in the log wait while this process runs
         self.journal = None if sidecar is None else sidecar_file.journal_of(sidecar)
         self.journaled = 0  # messages in the journal not yet stored elsewhere
-        self.recovering = recovering  # the owner calls ``recover`` first
+        self.recovering = recovering  # the owner calls ``start_recovery`` first
+        self.scan: LogScan | None = None  # while the log a previous process left is walked
+        self.shifted = 0  # how far the log's indices moved back in all (growth), for walkers
         self.again: dict[int, None] = {}  # READY records behind the cursor (requeued in place)
         self.segment = segment
         self.limit = limit
@@ -135,26 +140,63 @@ class MessageQueue:
         self._mark = None if segment is None or isinstance(backend, DropBackend) else BackendMark(segment)
 
     def __len__(self) -> int:
+        if self.scan is not None:
+            return self.ready + self.scan.unscanned + self.backend.depth
         return self.ready + self.backend.depth
+
+    @property
+    def scanning(self) -> bool:
+        """True while the log a previous process left is being recovered."""
+        return self.scan is not None
+
+    def _end(self) -> int | None:
+        """How far delivery and release may go in the log: the scan's cursor while it runs."""
+        return None if self.scan is None else self.scan.cursor
 
     @property
     def backend_depth(self) -> int:
         return self.backend.depth
 
-    def recover(self) -> list[tuple[int, int, bytes]]:
-        """Adopt what a previous process left: returns [(pos, due wall ns, message)] deferred,
-        pos -1 for a message of the sidecar that found no room in the log."""
+    def start_recovery(self) -> Deferred:
+        """Adopt what a previous process left: its log is walked by ``recover_step`` from
+        here on. Returns [(pos, due wall ns, message)] of the deferred messages of the sidecar
+        and the journal (appended to the log now; pos -1 for one that found no room)."""
         self.recovering = False
-        ready, deferred, live = self.log.recover_states()
-        position = None if self._mark is None else self._mark.load(self.log.write_index)
-        if position is not None:  # the backend's metadata may be older: skip what the log holds
-            self.backend.skip_to(position)  # (only once the log proved whole: else they are read again)
-        self.ready = ready
-        self.live = live
+        # the mark says where the backend resumes given the log's write index as it was left
+        self.scan = LogScan(self.log, None if self._mark is None else self._mark.load(self.log.write_index))
         self.cursor = self.log.read_index
         if self.sidecar is not None and self.journal is not None:
-            deferred += self._load_files(self.sidecar, self.journal)
+            return self._load_files(self.sidecar, self.journal)
+        return []
+
+    def recover_step(self, max_count: int) -> Deferred:
+        """Recover up to ``max_count`` more records of the log: the deferred ones found
+        [(pos, due wall ns, message)]; ``scanning`` is False once the whole log is done.
+        ``RingError`` if a frame is corrupt."""
+        scan = self.scan
+        if scan is None:
+            return []
+        ready, live, deferred = scan.step(max_count)
+        self.ready += ready
+        self.live += live
+        if scan.done:
+            self.scan = None
+            self._skip_backend(scan)
         return deferred
+
+    def recover(self) -> Deferred:
+        """``start_recovery`` and every ``recover_step`` at once: all the deferred messages."""
+        deferred = self.start_recovery()
+        while self.scan is not None:
+            deferred += self.recover_step(1 << 20)
+        return deferred
+
+    def _skip_backend(self, scan: LogScan) -> None:
+        """The log proved whole: the backend's metadata may be older than the mark kept in
+        shared memory, so skip what the log holds (had the log been corrupt, they would be
+        read again from the backend)."""
+        if scan.resume is not None:
+            self.backend.skip_to(scan.resume)
 
     def _load_files(self, path: str, journal: str) -> list[tuple[int, int, bytes]]:
         """The deferred messages of the sidecar (a clean exit) and of the journal (no room
@@ -189,7 +231,7 @@ class MessageQueue:
         fits before the log's end: the same bytes that path writes. Otherwise it takes that
         path with the messages."""
         log = self.log
-        room = self.limit - self.ready
+        room = self.limit - self.ready - (0 if self.scan is None else self.scan.unscanned)
         if len(records) == 1 and room > 0 and log.put_ready(records[0]):  # one message: PUB, /pub
             self.ready += 1
             self.live += 1
@@ -278,8 +320,19 @@ class MessageQueue:
 
     def live_ids(self, among: Container[bytes] | None = None) -> set[bytes]:
         """Ids of the messages in the log not yet done (only those in ``among``, if given);
-        one walk over the log, for recovery."""
-        return self.log.live_ids(among)
+        one walk over the whole log at once (``live_ids_run`` walks it in steps)."""
+        out: set[bytes] = set()
+        cursor = self.log.read_index
+        while cursor < self.log.write_index:
+            cursor = self.log.live_ids_run(cursor, 1 << 20, among, out)
+        return out
+
+    def live_ids_run(self, cursor: int, max_count: int, among: Container[bytes] | None, out: set[bytes]) -> int:
+        """``MessageLog.live_ids_run``: add to ``out`` the live ids among the next
+        ``max_count`` records from index ``cursor`` (``shifted`` says how far indices moved
+        since); the cursor after them, or -1 past the write end."""
+        cursor = self.log.live_ids_run(cursor, max_count, among, out)
+        return cursor if cursor < self.log.write_index else -1
 
     def timestamp_at(self, pos: int) -> int:
         """The publish time (ns) of the message at ``pos``."""
@@ -306,11 +359,12 @@ class MessageQueue:
         if self.again:
             return self._take_again(count)
         if self.ready or self._refilled(count):
-            positions, messages, self.cursor = self.log.walk(self.cursor, count)
+            positions, messages, self.cursor = self.log.walk(self.cursor, count, end=self._end())
             self.ready -= len(positions)
             if positions:
                 return positions, messages
-            self.ready = 0  # the count drifted (it never should); trust the log
+            if self.scan is None:
+                self.ready = 0  # the count drifted (it never should); trust the log
         return [], []
 
     def deliver(self, count: int, out: bytearray, ids: list[bytes]) -> list[int]:
@@ -325,9 +379,10 @@ class MessageQueue:
                 del again[pos]
             log.deliver_at(positions, out, ids)
         elif self.ready or self._refilled(count):
-            positions, self.cursor = log.deliver_ready(self.cursor, count, out, ids)
+            positions, self.cursor = log.deliver_ready(self.cursor, count, out, ids, self._end())
             if not positions:
-                self.ready = 0  # the count drifted (it never should); trust the log
+                if self.scan is None:
+                    self.ready = 0  # the count drifted (it never should); trust the log
                 return positions
         else:
             return []
@@ -335,8 +390,9 @@ class MessageQueue:
         return positions
 
     def _refilled(self, count: int) -> bool:
-        """Nothing ready in the log: move up to ``count`` from the backend; True if any."""
-        if self.backend.depth:
+        """Nothing ready in the log: move up to ``count`` from the backend; True if any.
+        (Not while the log is recovered: its older records come first.)"""
+        if self.backend.depth and self.scan is None:
             self._refill(count)
         return self.ready > 0
 
@@ -429,17 +485,18 @@ class MessageQueue:
         self._done += count
         if self._done >= RELEASE_EVERY:
             self._done = 0
-            self.log.release()
+            self.log.release(self._end())
 
     # --- space ------------------------------------------------------------------------
     def make_room(self, frame: int) -> bool:
         """Release DONE records, then move live ones that block the front; True if a frame
         of ``frame`` bytes may fit now."""
         log = self.log
-        log.release()
+        log.release(self._end())
         self._done = 0
         moved = 0
-        while log.free_bytes < frame + 8 and self.live < len(log) // 2 and moved < 4096:
+        while (log.free_bytes < frame + 8 and self.scan is None and self.live < len(log) // 2
+               and moved < 4096):
             front = log.front()
             if front is None:
                 break
@@ -472,10 +529,14 @@ class MessageQueue:
         if shift is None:
             return False
         self.cursor -= shift  # the log's indices moved back by ``shift``; positions did not
+        self.shifted += shift
+        if self.scan is not None:
+            self.scan.shift(shift)
         return self.log.free_bytes >= need
 
     # --- admin ------------------------------------------------------------------------
     def empty(self) -> None:
+        self.scan = None  # nothing left to recover
         self.log.reset()
         self.cursor = self.log.read_index
         self.ready = self.live = self._done = 0
@@ -495,6 +556,7 @@ class MessageQueue:
         (no room in shared memory): they go to the sidecar, or ready to the backend."""
         unlink = delete
         if delete:
+            self.scan = None
             self.backend.delete()  # its files include the sidecar (``all_files_pattern``)
         elif self.sidecar is not None and self.segment is not None:
             unlink = self._persist(self.sidecar, deferred)
@@ -516,7 +578,10 @@ class MessageQueue:
         """Write every live record to disk; True once all of it is durable. On failure the
         segment keeps them (and the next process may see some twice)."""
         try:
-            ready, deferred = self.log.live_records()
+            ready, deferred = self.log.live_records()  # in flight or not, recovered or not
+            if self.scan is not None:  # the log proved whole: the backend resumes past its records
+                self._skip_backend(self.scan)
+                self.scan = None
             for start in range(0, len(ready), PERSIST_BATCH):
                 self.backend.put_many(ready[start:start + PERSIST_BATCH])
             self.backend.close()  # syncs the data and persists the metadata

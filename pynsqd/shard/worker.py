@@ -11,11 +11,13 @@ dispatched by type through ``_handlers``.
 
 Boot: die with the parent (``PR_SET_PDEATHSIG``), build the ``Broker`` with this shard's
 index (message ids carry it), restore the topics of ``nsqd.dat`` this shard owns — each
-queue attaches to its shared-memory segment and recovers what a previous process left in it
-— and recreate its own topics found only in shared memory, attach the inbound and outbound
-rings, drain what the inbound rings still hold, serve HTTP, then tell
-the supervisor ``ready``. Any failure before that exits with ``BOOT_ERROR`` after one line on
-stderr, which stops the supervisor's respawn loop.
+queue attaches to its shared-memory segment, and what a previous process left in it is
+recovered in steps, a bounded part now and the rest while the shard serves
+(``recovery.py``) — and recreate its own topics found only in shared memory, attach the
+inbound and outbound rings, drain what the inbound rings still hold, serve HTTP, then tell
+the supervisor ``ready``. Any failure before that, or a corrupt log found while recovering
+later, exits with ``BOOT_ERROR`` after one line on stderr, which stops the supervisor's
+respawn loop.
 
 Serving: TCP connections arrive as ``Adopt`` messages (fd + state + unread bytes) and become
 ``ClientV2`` protocols via ``connect_accepted_socket``. HTTP and HTTPS connections arrive as
@@ -86,6 +88,7 @@ from pynsqd.shard.memory import keep_large_blocks
 from pynsqd.shard.node import node_info, queue_factory
 from pynsqd.shard.nodehttp import NodeHTTP, run_local
 from pynsqd.shard.protocol import ClientV2
+from pynsqd.shard.recovery import BOOT
 from pynsqd.shard.relay import Relay
 from pynsqd.shard.stats import node_stats
 from pynsqd.shm import store
@@ -120,8 +123,9 @@ class ShardWorker:
         self.broker.start_time = boot.start_time
         self.broker.start_ns = boot.start_ns
         owned = [t for t in metadata.load(opts.data_dir) if self.placement.owner(t.name) == self.index]
-        self.broker.restore(owned)  # each queue attaches to its segment and recovers it
+        self.broker.restore(owned)  # each queue attaches to its segment and starts recovering it
         self._adopt_segments()
+        self.broker.recovery.run(BOOT)
         self.outbound = Outbound(opts.data_dir, self.index, self.shards, boot.wake_fds)
         self.inbound = Inbound(opts.data_dir, self.index, self.shards, boot.wake_fds[self.index], self.broker)
         self.broker.router = self
@@ -144,6 +148,7 @@ class ShardWorker:
         self._https_server: EmbeddedServer | None = None
         self._https_task: asyncio.Task[None] | None = None
         self.failed = False  # stopping because the scan or a server failed: exit status 1
+        self.boot_failed = False  # stopping because a log could not be recovered: BOOT_ERROR
         self._stopping_service = False
         self.app = NsqdHTTP(self.broker, opts, self.info(), self._persist, self._set_lookupd)
         if boot.https and opts.tls_required == "true":
@@ -309,6 +314,12 @@ class ShardWorker:
         self.failed = True
         self._stop.set()
 
+    def _recovery_failed(self, exc: Exception) -> None:
+        """A log left by a previous process is corrupt: stop, as a boot that found it would."""
+        print(f"shard {self.index} failed to boot - {exc}", file=sys.stderr, flush=True)
+        self.boot_failed = True
+        self._fatal()
+
     async def main(self) -> None:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
@@ -317,6 +328,7 @@ class ShardWorker:
         self._beat_now()
         self.broker.on_scan = self._beat_now
         self.broker.on_fatal = self._fatal
+        self.broker.recovery.on_error = self._recovery_failed
         self.broker.start(loop)
         self.broker.on_change = self._changed
         self.inbound.start(loop)
@@ -410,6 +422,8 @@ def main() -> None:
         print(f"shard {boot.index} failed to boot - {exc}", file=sys.stderr, flush=True)
         os._exit(BOOT_ERROR)
     uvloop.run(worker.main())
+    if worker.boot_failed:
+        sys.exit(BOOT_ERROR)
     if worker.failed:
         sys.exit(1)
 

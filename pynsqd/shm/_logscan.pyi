@@ -1,3 +1,5 @@
+from collections.abc import Container
+
 from pynsqd.shm.logscan import Runs
 
 HEADER_SIZE: int
@@ -9,3 +11,7 @@ def deliver_run(buf: memoryview, starts: list[int], ends: list[int], out: bytear
 def deliver_ready(buf: memoryview, cap: int, read: int, write: int, cursor: int, max_count: int,
                   out: bytearray, ids: list[bytes]) -> tuple[list[int], int]: ...
 def release_front(buf: memoryview, cap: int, read: int, write: int) -> tuple[int, int]: ...
+def recover_run(buf: memoryview, cap: int, read: int, write: int, cursor: int,
+                max_count: int) -> tuple[int, int, int, int, list[int]]: ...
+def live_ids(buf: memoryview, cap: int, read: int, write: int, cursor: int, max_count: int,
+             among: Container[bytes] | None, out: set[bytes]) -> int: ...

@@ -393,6 +393,23 @@ class ByteRing:
         words[_RSEQ] = consumed
         return queued
 
+    def counts(self) -> tuple[int, int]:
+        """(records written, records consumed) as the header has them (``recount``)."""
+        words = self._words
+        return int(words[_WSEQ]), int(words[_RSEQ])
+
+    def recount(self, excess: int) -> None:
+        """Correct the record counts, which held ``excess`` records more than were queued
+        (fewer when negative): ``recover``'s repair, for a walk made in steps while the
+        owner used the ring (``shm/logrecovery.py``). Owner only."""
+        words = self._words
+        written, consumed = int(words[_WSEQ]), int(words[_RSEQ]) + excess
+        if consumed < 0:
+            written -= consumed
+            consumed = 0
+        words[_WSEQ] = written
+        words[_RSEQ] = consumed
+
     def unwrapped(self) -> tuple[int, int, int] | None:
         """(read index, write index, read position) when the queued bytes lie in one run that
         ends at or before the end of the area, so the area can be made larger behind them

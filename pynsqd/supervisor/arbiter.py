@@ -11,8 +11,8 @@ of a run with another shard count hold (``leftover_rings.py``), create the inbou
 the ones before it (``startup.py``): a failed start leaves nothing behind.
 
 ``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
-interpreter, never a fork of a running loop) with their descriptors inherited, waits until
-each says ``ready``, announces the listeners, accepts TCP connections and hands each to its
+interpreter, never a fork of a running loop) with their descriptors inherited, accepts
+once the first says ``ready`` and announces the listeners once all have, accepts TCP connections and hands each to its
 shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
 turn (``httpaccept.py``) — every listener through one ``accept.Acceptor``, which rides out a
 lack of descriptors — and keeps the node's single lookupd registration and ``nsqd.dat``
@@ -411,7 +411,14 @@ class Supervisor:
         return [r for _, r in await self._call_each(msg)]
 
     async def _call_each(self, msg: Message, skip: int = -1) -> list[tuple[int, Message]]:
-        """``msg`` to every ready shard but ``skip``: (shard index, reply) of those that answered."""
+        """``msg`` to every ready shard but ``skip``: (shard index, reply) of those that answered.
+        A shard still booting for the first time is waited for (the node serves from its
+        first ready shard on, and its ``/stats`` and ``/ping`` speak for every shard)."""
+        booting = [asyncio.ensure_future(s.ready.wait()) for s in self.slots if s.index != skip and s.first_boot]
+        if booting:
+            _, late = await asyncio.wait(booting, timeout=READY_TIMEOUT)
+            for wait in late:
+                wait.cancel()
         slots = [s for s in self.slots if s.index != skip and s.is_ready and s.channel is not None
                  and not s.channel.closed]
         replies = await asyncio.gather(*(s.channel.call(msg, wait=CALL_TIMEOUT) for s in slots if s.channel),
@@ -517,21 +524,31 @@ class Supervisor:
         return 0
 
     async def _wait_then_accept(self) -> None:
-        for slot in self.slots:
-            await slot.ready.wait()
+        """Accept from the first shard that is ready on: connections for a shard still
+        booting wait for it (``_ready_slot``), as do ``/stats`` and ``/ping``
+        (``_call_each``). The listeners are announced (the log, lookupd, systemd's
+        ``READY=1``) once every shard is ready: a shard that fails to boot stops a node that
+        never said it was up."""
+        waits = [asyncio.ensure_future(slot.ready.wait()) for slot in self.slots]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            loop = asyncio.get_running_loop()
+            for listener, tls in ((self.http_socket, False), (self.https_socket, True)):
+                if listener is not None:
+                    self.http_acceptor.start(loop, listener, tls)
+            self.tcp_acceptor.start(loop)
+            await asyncio.wait(waits)
+        finally:
+            for wait in waits:
+                wait.cancel()
         log.info("TCP: listening on %s", describe(self.tcp_socket))
         if self.http_socket is not None:
             log.info("HTTP: listening on %s", describe(self.http_socket))
         if self.https_socket is not None:
             log.info("HTTPS: listening on %s", describe(self.https_socket))
-        loop = asyncio.get_running_loop()
-        for listener, tls in ((self.http_socket, False), (self.https_socket, True)):
-            if listener is not None:
-                self.http_acceptor.start(loop, listener, tls)
         if self.opts.statsd_address:
             self._spawn_task(self._statsd().run())
         self.registration.set_addresses(self.opts.lookupd_tcp_address)
-        self.tcp_acceptor.start(loop)
         sdnotify.notify("READY=1", f"STATUS=serving TCP on {describe(self.tcp_socket)}, {self.shards} shard(s)")
 
     def _greet(self, accepted: Accepted) -> None:

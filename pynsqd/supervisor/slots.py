@@ -41,6 +41,11 @@ class Slot:
         return self.ready.is_set()
 
     @property
+    def first_boot(self) -> bool:
+        """Started and not ready yet, never restarted: the node waits for it (``Supervisor``)."""
+        return bool(self.pid) and not self.restarts and not self.is_ready
+
+    @property
     def takes_connections(self) -> bool:
         """Ready, reachable and beating: a new connection handed to it will be served now."""
         return self.is_ready and not self.stalled and self.channel is not None and not self.channel.closed

@@ -1,10 +1,11 @@
 """The compiled kernels against their pure-Python twins. The log's (``pynsqd.shm._logscan``,
 ``pynsqd.shm.logscan``): the same calls on two copies of one log leave the same bytes and
 return the same values, through wraps, empty runs, the largest records, attempts that carry
-and wrap, messages shorter than NSQ's header and corrupt frames. The MPUB scan's
-(``pynsqd.wire._mpubscan``, ``pynsqd.wire.mpubscan``): the same messages and errors at every
-point of a body's arrival. The records' (``pynsqd.wire._idrecords``, ``pynsqd.wire.idrecords``):
-the same bytes for any bodies and id range. ``PYNSQD_PURE=1`` makes the callers pick the pure ones."""
+and wrap, messages shorter than NSQ's header and corrupt frames, and a log recovered in
+steps (states, then ids). The MPUB scan's (``pynsqd.wire._mpubscan``,
+``pynsqd.wire.mpubscan``): the same messages and errors at every point of a body's arrival.
+The records' (``pynsqd.wire._idrecords``, ``pynsqd.wire.idrecords``): the same bytes for any
+bodies and id range. ``PYNSQD_PURE=1`` makes the callers pick the pure ones."""
 
 from __future__ import annotations
 
@@ -210,6 +211,73 @@ def test_any_sequence_of_appends_deliveries_fins_and_releases(ops: list[tuple[in
                     twins.run("find", n % 100, 1 + n % 13, want)
     finally:
         twins.close()
+
+
+def recover_both(twins: Twins, steps: int) -> tuple[list[Any], list[set[bytes]]]:
+    """``recover_run`` then ``live_ids`` (all, then among the even ids) over each log in
+    steps of ``steps`` records, pure on the first and compiled on the second: each step's
+    results, and the ids found."""
+    results: list[list[Any]] = [[], []]
+    found: list[set[bytes]] = [set(), set()]
+    for i, (impl, log) in enumerate(zip((pure, compiled), twins.logs)):
+        fixed = (log._buf, log._cap, log.read_index, log.write_index)
+        cursor = 0
+        try:
+            while cursor < log.write_index:
+                step = impl.recover_run(*fixed, cursor, steps)
+                results[i].append(step)
+                cursor = step[0]
+            for among in (None, {b"%016d" % n for n in range(0, 400, 2)}):
+                cursor = 0
+                while cursor < log.write_index:
+                    cursor = impl.live_ids(*fixed, cursor, steps, among, found[i])
+                results[i].append(sorted(found[i]))
+        except RingError as exc:
+            results[i].append((type(exc), str(exc)))
+    assert results[0] == results[1] and found[0] == found[1]
+    assert twins.bufs[0] == twins.bufs[1]
+    return results[0], found
+
+
+def test_recovery_in_steps_is_the_same_byte_for_byte() -> None:
+    twins = Twins(8192)
+    cursor = 0
+    for round_ in range(12):  # round the area, so that runs wrap; every state on the way
+        batch = [msg(round_ * 10 + i, 3 + (round_ * 7 + i * 13) % 120) for i in range(1 + round_ % 5)]
+        twins.each(lambda log, batch=batch: log.append_ready(batch))
+        positions, cursor, _, _ = deliver(twins, cursor, 2 + round_ % 3)
+        finish(twins, positions[::2])
+        for log in twins.logs:
+            for pos in positions[1::4]:
+                log.set_deferred(pos, 10**18 + pos)
+        if round_ % 3 == 0:
+            twins.release()
+    twins.each(lambda log: log.append_ready([b"short", msg(399)]))  # no id in the first
+    for steps in (1, 3, 1000):
+        results, found = recover_both(twins, steps)
+        walked = sum(step[1] for step in results[:-2])
+        assert walked == len(twins.logs[0])  # every record, live or done, once
+        assert b"%016d" % 399 in found[0]
+    assert not twins.run("find", 0, 1000, IN_FLIGHT)[0][0]  # in flight became ready
+    twins.close()
+
+
+@pytest.mark.parametrize("damage", ["length", "state", "wrap"])
+def test_recovery_of_a_corrupt_log_raises_the_same_ring_error(damage: str) -> None:
+    twins = Twins(1024)
+    twins.each(lambda log: log.append_ready([msg(i) for i in range(3)]))
+    second = twins.run("find", 0, 10, READY)[0][0][0][0][1] - FRAME_SIZE
+    for buf in twins.bufs:
+        at = HEADER_SIZE + second
+        if damage == "length":
+            FRAME.pack_into(buf, at, 900, 900 ^ 0xFFFFFFFF)
+        elif damage == "state":
+            buf[at + FRAME_SIZE] = 9
+        else:
+            FRAME.pack_into(buf, at, 0xFFFFFFFF, 0)
+    results, _ = recover_both(twins, 10)
+    assert results[-1][0] is RingError
+    twins.close()
 
 
 def test_pynsqd_pure_picks_the_pure_kernels() -> None:
