@@ -29,16 +29,15 @@ import os
 import resource
 import selectors
 import socket
-import ssl
 import struct
 import time
 from collections.abc import Callable
 from typing import Any
 
 from bench.bench_tcp import _connect, _read_response, answer_frames
+from bench.common import negotiate
 from bench.nsqd_scenarios import Figures, Target, _percentiles, _run
 from pynsqd.wire.commands import encode_dpub, encode_identify, encode_mpub, encode_pub, encode_rdy, encode_sub
-from pynsqd.wire.compression import make_codec
 
 _HDR = struct.Struct(">ii")
 _STAMP = struct.Struct(">q")
@@ -61,31 +60,12 @@ def text_body(size: int) -> bytes:
 
 # --- load processes ------------------------------------------------------------------------
 
-def _upgrade(addr: tuple[str, int], features: dict[str, Any], ca: str) -> tuple[Any, Any]:
-    """A connection that negotiated ``features`` (tls_v1, snappy, deflate): (socket, codec)."""
-    sock: Any = socket.create_connection(addr)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(b"  V2" + encode_identify(json.dumps({"feature_negotiation": True, **features}).encode()))
-    _read_response(sock)
-    if features.get("tls_v1"):
-        sock = ssl.create_default_context(cafile=ca).wrap_socket(sock, server_hostname="localhost")
-        _read_response(sock)
-    codec = None
-    for name in ("snappy", "deflate"):
-        if features.get(name):
-            codec = make_codec(name)
-            data = b""
-            while not data.endswith(b"OK"):  # the upgrade's OK, compressed
-                data += b"".join(codec.decode(sock.recv(65536)))
-    return sock, codec
-
-
 def drainer(addr: tuple[str, int], topic: str, features: dict[str, Any], ca: str, count: int, start: float,
             out: mp.Queue) -> None:  # type: ignore[type-arg]
     """SUB + RDY 2500 with ``features``, FIN every message, until ``count`` arrived or the
     channel has been dry for 1 s (10 s before the first message). Puts (messages, first,
     last, [])."""
-    sock, codec = _upgrade(addr, features, ca)
+    sock, codec = negotiate(addr, features, ca)
     send = (lambda b: sock.sendall(codec.encode(b))) if codec else sock.sendall
     send(encode_sub(topic, "ch"))
     time.sleep(max(0.0, start - time.time()))
@@ -119,7 +99,7 @@ def filler(addr: tuple[str, int], topic: str, features: dict[str, Any], ca: str,
            count: int, runfor: float, start: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
     """MPUB of ``batch`` (PUB for 1) until ``count`` messages or ``runfor`` s. Puts
     (messages, first send, last answer, [])."""
-    sock, _ = _upgrade(addr, features, ca)
+    sock, _ = negotiate(addr, features, ca)
     frame = encode_mpub(topic, [body] * batch) if batch > 1 else encode_pub(topic, body)
     time.sleep(max(0.0, start - time.time()))
     began = time.time()
