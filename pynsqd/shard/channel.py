@@ -413,16 +413,29 @@ class Channel:
 
     # --- admin ----------------------------------------------------------------------------
     def empty(self) -> None:
-        """Drop every message: queued, in flight and deferred (``/channel/empty``)."""
+        """Drop every message: queued, in flight and deferred (``/channel/empty``). A FIN,
+        REQ or TOUCH of a message that was in flight fails as nsqd's does ("ID not in
+        flight")."""
         self.queue.empty()
+        self._forget()
+        for client in self.consumers:
+            client.on_channel_timers()
+
+    def _forget(self) -> list[tuple[int, bytes]]:
+        """Drop what is in flight and deferred from the tables (the log keeps or loses the
+        records themselves): nothing refers to a log position any more, so no later FIN,
+        REQ, TOUCH, timeout or consumer leaving touches the log. Returns the deferred
+        messages held only in memory, as (due monotonic ns, record)."""
+        deferred_at = self.deferred_at
+        memory_only = [(due, record) for due, record in self.deferred.drain()
+                       if deferred_at.get(record[ID_OFFSET:ID_OFFSET + 16], -1) < 0]
+        deferred_at.clear()
         self.in_flight.clear()
         self.in_flight_pos.clear()
         self.timeouts.clear()
-        self.deferred.drain()
-        self.deferred_at.clear()
         for client in self.consumers:
             client.in_flight_count = 0
-            client.on_channel_timers()
+        return memory_only
 
     def pause(self) -> None:
         self.paused = True
@@ -436,23 +449,17 @@ class Channel:
         (in flight ones with their attempts, deferred ones with their due times): on disk
         for a durable channel, in shared memory otherwise (``MessageQueue.close``)."""
         self.deleted = delete
-        if delete:
-            for client in list(self.consumers):
+        # In-flight and deferred records are in the log as they are; only deferred messages
+        # that found no room in shared memory are handed to the queue separately.
+        memory_only = self._forget()
+        if delete:  # as nsqd: its consumers are disconnected, what they held is gone
+            consumers, self.consumers = self.consumers, []
+            for client in consumers:
                 client.close_for_channel_delete()
             self.queue.close(delete=True)
             return
-        # In-flight and deferred records are in the log as they are; only deferred messages
-        # that found no room in shared memory are handed to the queue separately.
         offset = time.time_ns() - time.monotonic_ns()
-        memory_only = [(due + offset, record) for due, record in self.deferred.drain()
-                       if self.deferred_at.get(record[ID_OFFSET:ID_OFFSET + 16], -1) < 0]
-        self.deferred_at.clear()
-        self.in_flight.clear()
-        self.in_flight_pos.clear()
-        self.timeouts.clear()
-        for client in self.consumers:
-            client.in_flight_count = 0
-        self.queue.close(deferred=memory_only)
+        self.queue.close(deferred=[(due + offset, record) for due, record in memory_only])
 
     # --- stats ----------------------------------------------------------------------------
     @property

@@ -4,9 +4,12 @@ messages (grown to hold them, within its ceiling: ``pynsqd.shm.sizing``), then a
 ``MessageQueue`` owns one ``pynsqd.shm.log.MessageLog`` (in a shared-memory segment, so it
 outlives the process) and the backend that takes what the log cannot hold: a disk queue for
 durable names, or ``DropBackend`` for ``#ephemeral`` ones, which drops the overflow as NSQ
-does. As in nsqd, order between the log and the backend is not strict: consumers are served
-from the log first; spilled messages are moved back into the log before they are delivered,
-so every message in flight or deferred has a record in shared memory.
+does. The queue is one FIFO across the two: while the backend holds messages, new ones go
+behind them (to the backend too), even when the log has room again, because consumers are
+served from the log first and the backend is read only once the log has nothing ready
+(nsqd's random select between its memory channel and its disk queue gives no order here;
+pynsqd keeps publish order). Spilled messages are moved back into the log before they are
+delivered, so every message in flight or deferred has a record in shared memory.
 
 Counts kept here (the log itself only knows bytes): ``ready`` (READY records in the log),
 ``live`` (records not DONE). ``take`` walks a delivery cursor over the log;
@@ -225,14 +228,25 @@ class MessageQueue:
     # --- in ---------------------------------------------------------------------------
     def put_many(self, records: Sequence[bytes]) -> None:
         """Store ``records`` ready: the log up to ``limit`` ready messages and its bytes, the
-        backend past it. A run of READY frames (``Frames``: a cross-shard batch, framed by
-        its producer) is appended with one copy when the path below would append it whole
-        with no ``make_room`` (room for every message, 31 bytes a message to spare) and it
-        fits before the log's end: the same bytes that path writes. Otherwise it takes that
-        path with the messages."""
+        backend past it, and the backend alone while it holds messages (they are older, and
+        the log is served first; only a backend that refuses the write lets new ones into
+        the log ahead of its messages). A run of READY frames (``Frames``: a cross-shard
+        batch, framed by its producer) is appended with one copy when the path below would
+        append it whole with no ``make_room`` (room for every message, 31 bytes a message to
+        spare) and it fits before the log's end: the same bytes that path writes. Otherwise
+        it takes that path with the messages."""
         log = self.log
         room = self.limit - self.ready - (0 if self.scan is None else self.scan.unscanned)
-        if len(records) == 1 and room > 0 and log.put_ready(records[0]):  # one message: PUB, /pub
+        if self.backend.depth:
+            plain = records.records() if type(records) is Frames else records
+            try:
+                self.backend.put_many(plain)
+                return
+            except Exception:
+                if room <= 0:
+                    raise
+                records = plain  # the disk refuses writes: the log takes them, out of order
+        elif len(records) == 1 and room > 0 and log.put_ready(records[0]):  # one message: PUB, /pub
             self.ready += 1
             self.live += 1
             return

@@ -1,4 +1,4 @@
-"""A shard worker process: ``python -m pynsqd.shard.worker``, started by the supervisor.
+"""A shard worker process, started by the supervisor (``node/boot.worker_command``).
 
 Theory of operation
 -------------------

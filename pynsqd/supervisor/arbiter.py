@@ -10,9 +10,10 @@ of a run with another shard count hold (``leftover_rings.py``), create the inbou
 (``node/rings.py``), one heartbeat page and one eventfd per shard. A step that fails undoes
 the ones before it (``startup.py``): a failed start leaves nothing behind.
 
-``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
-interpreter, never a fork of a running loop) with their descriptors inherited, accepts
-once the first says ``ready`` and announces the listeners once all have, accepts TCP connections and hands each to its
+``main()`` spawns the shards (``os.posix_spawn`` of ``node/boot.worker_command``: a fresh
+interpreter that imports exactly this process's code, never a fork of a running loop) with
+their descriptors inherited, accepts once the first says ``ready`` and announces the
+listeners once all have, accepts TCP connections and hands each to its
 shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
 turn (``httpaccept.py``) — every listener through one ``accept.Acceptor``, which rides out a
 lack of descriptors — and keeps the node's single lookupd registration and ``nsqd.dat``
@@ -53,7 +54,7 @@ from pynsqd import NSQ_VERSION, __version__, logs, sdnotify
 from pynsqd.netaddr import bind, bound_port, describe
 from pynsqd.node import metadata
 from pynsqd.node.aggregate import merge_stats
-from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig
+from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig, worker_command
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.control import PROXY_WAIT, ControlChannel, Received, channel_pair
 from pynsqd.node.datapath import recoverable
@@ -82,6 +83,7 @@ from pynsqd.node.messages import (
 )
 from pynsqd.node.metadata import TopicRecord
 from pynsqd.node.rings import create_rings, release_rings
+from pynsqd.node.shmowner import reclaim
 from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
 from pynsqd.shm import store
@@ -128,6 +130,7 @@ class Supervisor:
             self.https_socket = (start.close_on_failure(bind(opts.https_address, "https-address"))
                                  if opts.https_address and tls_ctx is not None else None)
             self._lock_fd = start.lock()
+            self.owner = start.own_shared_memory(self._lock_fd)
             try:
                 topics = metadata.load(opts.data_dir)
             except ValueError as exc:
@@ -166,15 +169,19 @@ class Supervisor:
         }
 
     def _sweep_segments(self, topics: list[TopicRecord], keep: set[str]) -> None:
-        """Once per node, before any shard runs: remove this node's segments that belong to
+        """Once per node, before any shard runs: remove the segments of stopped nodes whose
+        data path is gone (``node/shmowner.py``), and this node's segments that belong to
         no queue of nsqd.dat and hold nothing worth recovering (deleted or ephemeral queues,
         empty logs). Segments with messages of a durable queue missing from nsqd.dat stay:
         the topic's owner (placement) recreates the queue when it boots. This run's rings are
         kept, and ``keep``: leftover rings whose messages could not be stored yet."""
         path = self.opts.data_dir
+        for gone in reclaim(keep=path):
+            log.info("removed the shared memory of a stopped node on %s (%s): %d segments, %.1f MiB",
+                     gone.data_path, gone.reason, gone.segments, gone.size / (1 << 20))
         queues = ([("topic", t.name) for t in topics]
                   + [("channel", f"{t.name}:{c.name}") for t in topics for c in t.channels])
-        claimed = store.claimed_names(path, queues) | {seg.name for seg in self.rings} | keep
+        claimed = store.claimed_names(path, queues) | {seg.name for seg in self.rings} | keep | {self.owner.name}
         for shm_name, kind, name, records in store.leftovers(path, claimed):
             if recoverable(kind, name, records):
                 log.warning("%s %s: found in shared memory only; shard %d recovers it", kind.upper(), name,
@@ -213,12 +220,12 @@ class Supervisor:
                           http=self.http_socket is not None, https=self.https_socket is not None,
                           control_fd=there.fileno(), heartbeat_fd=slot.heartbeat.fd, wake_fds=self.wake_fds)
         fds = boot.inherited
-        env = dict(os.environ)
-        env[ENV] = boot.encode()
+        argv, extra = worker_command()
+        env = {**os.environ, **extra, ENV: boot.encode()}
         for fd in fds:
             os.set_inheritable(fd, True)
         try:
-            slot.pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "pynsqd.shard.worker"], env)
+            slot.pid = os.posix_spawn(argv[0], argv, env)
         except OSError:
             here.close()
             raise
@@ -591,6 +598,7 @@ class Supervisor:
         await self.registration.close()
         release_rings(self.rings)
         self.placement.close()
+        self.owner.release()
         os.close(self._lock_fd)
         log.info("exited cleanly in %.3fs", time.monotonic() - started)
 

@@ -10,12 +10,14 @@ The order is the supervisor's: what needs no file first (TLS files, then the lis
 addresses and ports, so ``--tcp-address=nohost`` or a port in use touch nothing on disk),
 then the data path: locked, probed for writing (``nsqd.dat`` and the queues' files must be
 writable, and root passes ``access(2)`` whatever the mode, so a file is really created and
-removed), then the placement table and the rings.
+removed), recorded as the owner of its shared memory, then the placement table and the
+rings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import socket
@@ -24,6 +26,7 @@ from types import TracebackType
 
 from pynsqd.node.datapath import lock_data_path
 from pynsqd.node.placement import FILENAME, Placement
+from pynsqd.node.shmowner import OwnerRecord
 from pynsqd.options import UsageError
 
 PROBE = ".pynsqd-start.tmp"
@@ -75,8 +78,19 @@ class Startup:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
             os.unlink(probe)
         except OSError as exc:
-            raise UsageError(f"--data-path={self.data_dir} is not writable - {exc.strerror}") from None
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise UsageError(f"--data-path={self.data_dir} is not writable - {exc.strerror}") from None
+            # e.g. /proc, which exists but refuses new files with ENOENT: name the file
+            raise UsageError(f"--data-path={self.data_dir}: cannot create files in it - open {probe}: "
+                             f"{exc.strerror}") from None
         return fd
+
+    def own_shared_memory(self, lock_fd: int) -> OwnerRecord:
+        """Record this node as its segments' owner (``node/shmowner.py``; released on
+        failure, which removes the record if it holds nothing else)."""
+        record = OwnerRecord.claim(self.data_dir, lock_fd)
+        self._undo.append(record.release)
+        return record
 
     def placement(self, shards: int) -> Placement:
         """Open (or create: removed again on failure) the placement table."""
