@@ -169,4 +169,4 @@ class IdFactory:
             return self.next_records(prefix, [body])[0]
         self._seq = seq + 1
         first = (self._tick << _TS_SHIFT) | self._prefix | self._shard | (seq << self._shard_bits)
-        return _make_records(prefix, first, 0, (body,))[0]
+        return _make_records(prefix, first, 1, (body,))[0]

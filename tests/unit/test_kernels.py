@@ -394,3 +394,18 @@ def test_put_one_refuses_a_buffer_smaller_than_its_area() -> None:
     log = MessageLog(bytearray(buffer_size(4096)), init=True)
     with pytest.raises(ValueError, match="no 8192-byte record area"):
         compiled.put_one(log._buf, log._words, 8192, log.max_frame, b"", b"x")
+
+
+def test_one_record_is_next_records_of_one_on_both_kernels() -> None:
+    from pynsqd.wire import message
+
+    for make in (idrecords.make_records, message._make_records):
+        before = message._make_records
+        message._make_records = make
+        try:
+            one = message.IdFactory(7, 1, 2, clock=lambda: 1_700_000_000_000_000_000)
+            batch = message.IdFactory(7, 1, 2, clock=lambda: 1_700_000_000_000_000_000)
+            assert one.next_record(b"P" * 10, b"body") == batch.next_records(b"P" * 10, [b"body"])[0]
+            assert one.next_id() == batch.next_ids(1)[0]
+        finally:
+            message._make_records = before
