@@ -53,7 +53,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import re
+import socket
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, Protocol
@@ -202,6 +204,7 @@ class HTTPConnection(asyncio.Protocol):
         self.busy = False  # a request of the queue waits (a task, a full ring, a ``Later``)
         self.joined = False  # waiting on a ``Later``: answered this loop turn, reading goes on
         self.closing = False
+        self.last_answer = False  # ``finish``: the answer that leaves nothing owed says "close"
         self.read_paused = False
         self.write_paused = False
         self._lost: asyncio.Future[None] | None = None  # made when the app waits for a disconnect
@@ -344,6 +347,31 @@ class HTTPConnection(asyncio.Protocol):
         self.closing = True
         if self.transport is not None:
             self._serve()
+
+    def release(self) -> socket.socket | None:
+        """Let another process serve this connection: only when it is idle between requests,
+        nothing of the next one read and every answer written, so no request can be caught
+        half-way (the next one waits in the socket for its new server). Returns a duplicate
+        of the socket; this side is closed without touching the connection. None when it is
+        not idle, or over TLS (whose state cannot move)."""
+        transport = self.transport
+        if (transport is None or transport.is_closing() or self.closing or self.refused or self.busy or self.queue
+                or self.current is not None or self.head_size or not self.in_head or self.scheme != "http"
+                or transport.get_write_buffer_size()):
+            return None
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        dup = socket.socket(fileno=os.dup(sock.fileno()))
+        self.closing = True
+        transport.abort()
+        return dup
+
+    def finish(self) -> None:
+        """Close once what was received is answered, telling the client so in that answer
+        (``Connection: close``): its next request goes to a new connection, never into one
+        closed under it. An idle connection stays until then."""
+        self.last_answer = True
 
     # --- httptools callbacks --------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -550,6 +578,7 @@ class HTTPConnection(asyncio.Protocol):
                length: bool = True) -> None:
         """One whole answer in one write; ``length``: add its ``Content-Length``."""
         assert self.transport is not None
+        close = close or (self.last_answer and not self.queue and self.current is None)
         parts = [_STATUS.get(status) or b"HTTP/1.1 %d \r\n" % status]
         for name, value in self.state.default_headers:
             parts += [name, b": ", value, b"\r\n"]
@@ -569,7 +598,7 @@ class HTTPConnection(asyncio.Protocol):
 
     def _write_ok(self, close: bool) -> None:
         assert self.transport is not None
-        if close:
+        if close or self.last_answer:
             self._write(200, [*_TEXT, _JSON[1]], b"OK", close=True)
             return
         defaults = self.state.default_headers

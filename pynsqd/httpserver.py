@@ -19,7 +19,7 @@ from typing import Any
 
 import uvicorn
 
-from pynsqd.httpconn import DEFAULT_MAX_BODY, Publisher, http_protocol
+from pynsqd.httpconn import DEFAULT_MAX_BODY, HTTPConnection, Publisher, http_protocol
 
 log = logging.getLogger("pynsqd.http")
 
@@ -49,6 +49,37 @@ class EmbeddedServer(uvicorn.Server):
             await asyncio.get_running_loop().connect_accepted_socket(protocol, sock, ssl=config.ssl)
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             log.debug("connection dropped before it was served - %r", exc)
+
+
+    def release_idle(self) -> list[socket.socket]:
+        """Give up every plain HTTP connection that is idle between requests, for another
+        process to serve (``HTTPConnection.release``); busy ones are left to finish."""
+        out = []
+        for conn in list(self.server_state.connections):
+            if isinstance(conn, HTTPConnection):
+                sock = conn.release()
+                if sock is not None:
+                    out.append(sock)
+        return out
+
+    def finish_all(self) -> None:
+        """Every connection closes once it owes no answer, saying so in that answer
+        (``HTTPConnection.finish``)."""
+        for conn in list(self.server_state.connections):
+            if isinstance(conn, HTTPConnection):
+                conn.finish()
+
+    @property
+    def open_connections(self) -> int:
+        return len(self.server_state.connections)
+
+    def close_all(self) -> int:
+        """Close every connection now; how many there were."""
+        conns = list(self.server_state.connections)
+        for conn in conns:
+            if isinstance(conn, HTTPConnection) and conn.transport is not None:
+                conn.transport.close()
+        return len(conns)
 
 
 def embedded_server(app: Any, ssl_context: ssl.SSLContext | None = None, publisher: Publisher | None = None,

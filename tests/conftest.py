@@ -40,7 +40,7 @@ INTEGRATION_MODULES = frozenset({
     "test_log_sizing",
     "test_observability", "test_persistence", "test_spark", "test_supervisor", "test_tools",
     "test_chaos", "test_disk_faults", "test_accept_recovery",
-    "test_write_errors",
+    "test_write_errors", "test_reload", "test_reload_load",
 })
 SLOW_MARKERS = ("spark", "containers", "clients")
 

@@ -287,19 +287,6 @@ def _owner_after_create(nsqd: Daemon, tmp_path: Path, topic: str) -> int:
     return owners(tmp_path)[topic]
 
 
-def _upgraded(c: RawClient, certs: Certs, tls: bool, compression: str) -> None:
-    fields: dict[str, Any] = {"tls_v1": tls}
-    if compression:
-        fields[compression] = True
-    c.identify(**fields)
-    if tls:
-        c.start_tls(certs.client_context())
-        c.expect_ok()
-    if compression:
-        c.start_compression(compression)
-        c.expect_ok()
-
-
 @pytest.mark.parametrize("upgrade", ["snappy", "deflate", "tls", "tls+snappy", "tls+deflate"])
 def test_an_upgraded_connection_is_relayed_through_its_codec(node: NodeFactory, certs: Certs, tmp_path: Path,
                                                              upgrade: str) -> None:
@@ -310,7 +297,7 @@ def test_an_upgraded_connection_is_relayed_through_its_codec(node: NodeFactory, 
     tls = upgrade.startswith("tls")
     compression = upgrade.rpartition("+")[2] if upgrade != "tls" else ""
     with RawClient(nsqd.tcp) as c:
-        _upgraded(c, certs, tls, compression)
+        c.negotiate(certs.client_context() if tls else None, compression)
         for i in range(6):
             c.send(encode_pub(f"z{i}", b"x"))
             c.expect_ok()
@@ -320,7 +307,7 @@ def test_an_upgraded_connection_is_relayed_through_its_codec(node: NodeFactory, 
     # connections land on the shards in turn: t0, t0, t1, t1 relays two of the four SUBs
     for topic in (by_shard[0], by_shard[0], by_shard[1], by_shard[1]):
         with RawClient(nsqd.tcp) as c:
-            _upgraded(c, certs, tls, compression)
+            c.negotiate(certs.client_context() if tls else None, compression)
             c.send(encode_sub(topic, "c") + encode_rdy(1))
             c.expect_ok()
             msg = c.read_message()

@@ -153,6 +153,12 @@ class OwnerRecord:
             raise
         return cls(data_path, fd)
 
+    @property
+    def fd(self) -> int:
+        """The locked record's descriptor (-1 once released): the supervisor's upgrade keeps
+        it across its ``execve``, and the lock with it."""
+        return -1 if self._fd is None else self._fd
+
     def release(self) -> None:
         """Unlock; the record goes too when the node has no other segment left. Harmless
         twice."""

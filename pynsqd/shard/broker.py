@@ -110,6 +110,7 @@ class Broker:
         self.start_time = self.start_ns // 1_000_000_000
         self.health = "OK"
         self.exiting = False
+        self.frozen = False  # being handed over to a replacement: no pump runs (``hand_over``)
         self._backend_factory = backend_factory or (lambda name, ephemeral: DropBackend())
         self._queue_factory = queue_factory or self._process_queue
         self._dirty: dict[Any, None] = {}
@@ -130,6 +131,9 @@ class Broker:
         self.on_scan: Callable[[], None] | None = None  # after every scan: the shard's heartbeat
         self.on_fatal: Callable[[], None] | None = None  # the scan failed: take the process down
         self.recovery = Recovery()  # the logs a previous process left, adopted in steps
+        # (kind, queue name) -> ``MessageQueue.export`` of a process this shard replaces: such a
+        # queue is taken over as it was instead of recovered (``transfer.py``)
+        self.adopted: dict[tuple[str, str], dict[str, Any]] = {}
 
     # --- the loop-driven machinery --------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -155,6 +159,8 @@ class Broker:
 
     def _run_pumps(self) -> None:
         self._pump_handle = None
+        if self.frozen:
+            return
         dirty = self._dirty
         self._dirty = {}
         now = time.monotonic_ns()
@@ -235,7 +241,10 @@ class Broker:
             topic = Topic(name, queue, self.schedule, self._watch_retry)
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
-            if queue.recovering:
+            adopted = self.adopted.pop(("topic", name), None)
+            if adopted is not None:
+                queue.adopt(adopted)
+            elif queue.recovering:
                 topic.start_recovery()
                 self.recovery.add(recover_topic(topic))
             self._changed("created", name, None)
@@ -254,7 +263,10 @@ class Broker:
                                             self.opts.e2e_processing_latency_percentile)
             topic.add_channel(channel)
             log.info("TOPIC(%s): new channel(%s)", topic.name, name)
-            if queue.recovering:
+            adopted = self.adopted.pop(("channel", queue_name), None)
+            if adopted is not None:
+                queue.adopt(adopted)
+            elif queue.recovering:
                 channel.start_recovery()
                 self.recovery.add(recover_channel(channel))
                 if not topic.matching:
@@ -378,6 +390,11 @@ class Broker:
                     del self._partial[next(iter(self._partial))]
             raise
 
+    def stored_in_part(self, bodies: object) -> bool:
+        """``bodies`` (a publish's list) is a cross-shard batch stored in part, whose retry
+        must resume after what is stored (``_forward``)."""
+        return id(bodies) in self._partial
+
     def publish_deferred(self, topic_name: str, body: bytes, delay_ms: int) -> None:
         """DPUB: deliver ``body`` after ``delay_ms``. Raises ``BrokerError``."""
         if self.exiting:
@@ -421,6 +438,31 @@ class Broker:
         finally:
             self.on_change = notify
         self.recovery.run(BOOT)
+
+    # --- a replacement process carries on (``transfer.py``) --------------------------------
+    def hand_over(self) -> None:
+        """Stop, and leave every queue for a replacement process of this host to carry on
+        (``MessageQueue.hand_over``): no record moves, no segment is removed."""
+        self.frozen = self.exiting = True
+        if self._scan_handle is not None:
+            self._scan_handle.cancel()
+        if self._pump_handle is not None:
+            self._pump_handle.cancel()
+        if self.syncer is not None:
+            self.syncer.close()  # waits for a sync running on the worker thread
+        for topic in self.topics.values():
+            for channel in topic.channels.values():
+                channel.queue.hand_over()
+            topic.queue.hand_over()
+
+    def sync_all(self) -> None:
+        """Ask for a sync of every disk queue now (on the syncer's worker thread)."""
+        if self.syncer is None:
+            return
+        for topic in self.topics.values():
+            for queue in (topic.queue, *(c.queue for c in topic.channels.values())):
+                if isinstance(queue.backend, DiskQueue):
+                    self.syncer.request(queue.backend)
 
     # --- shutdown -------------------------------------------------------------------------
     def close(self) -> None:

@@ -461,6 +461,52 @@ class Channel:
         offset = time.time_ns() - time.monotonic_ns()
         self.queue.close(deferred=[(due + offset, record) for due, record in memory_only])
 
+    # --- a shard's replacement (``transfer.py``) --------------------------------------------
+    def deliveries(self) -> list[tuple[Consumer, int, int, list[bytes], list[int]]]:
+        """What is in flight, one entry per delivery: (consumer, delivered, deadline, ids,
+        log positions)."""
+        groups: dict[int, tuple[Delivery, list[bytes], list[int]]] = {}
+        positions = self.in_flight_pos
+        for msg_id, delivery in self.in_flight.items():
+            group = groups.get(id(delivery))
+            if group is None:
+                group = groups[id(delivery)] = (delivery, [], [])
+            group[1].append(msg_id)
+            group[2].append(positions[msg_id])
+        return [(d.client, d.delivered, d.deadline, ids, pos) for d, ids, pos in groups.values()]
+
+    def deferred_entries(self) -> list[tuple[bytes, int, int, bytes]]:
+        """What waits for a due time: (id, log position or -1, due monotonic ns, message)."""
+        at = self.deferred_at
+        return [(record[ID_OFFSET:ID_OFFSET + 16], at.get(record[ID_OFFSET:ID_OFFSET + 16], -1), due, record)
+                for due, record in self.deferred.items()]
+
+    def adopt_deferred(self, entries: list[tuple[bytes, int, int, bytes | None]]) -> None:
+        """``deferred_entries`` of the process this channel was handed over from (a message
+        with a log position is read from the log)."""
+        for msg_id, pos, due, record in entries:
+            self.deferred.push(due, record if record is not None else self.queue.message_at(pos))
+            self.deferred_at[msg_id] = pos
+        if entries:
+            self._timers_added()
+
+    def hold_again(self, client: Consumer, ids: list[bytes], positions: list[int], delivered: int,
+                   deadline: int) -> int:
+        """Hold messages in flight at ``client`` with the deadline the process this channel
+        was handed over from gave them (``deliveries``; its queue was adopted as it was left,
+        ``MessageQueue.adopt``); returns how many were found in flight there."""
+        kept = [(msg_id, pos) for msg_id, pos in zip(ids, positions) if self.queue.holds(pos, msg_id)]
+        if not kept:
+            return 0
+        delivery = Delivery([msg_id for msg_id, _ in kept], client, delivered, deadline)
+        self.timeouts.add(delivery)
+        self.in_flight.update(dict.fromkeys(delivery.ids, delivery))
+        self.in_flight_pos.update(kept)
+        client.in_flight_count += len(kept)
+        if not self.timed:
+            self._timers_added()
+        return len(kept)
+
     # --- stats ----------------------------------------------------------------------------
     @property
     def depth(self) -> int:

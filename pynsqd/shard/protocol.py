@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import socket
 import ssl
 import struct
@@ -121,6 +122,8 @@ class ClientV2(V2Commands, asyncio.Protocol):
         handoff, self._handoff = self._handoff, None
         if handoff is not None:
             self._adopt(*handoff)
+        if self._out:  # frames a replaced shard had not written yet (``restore_session``)
+            self._flush()
         self._arm_heartbeat()
         log.debug("TCP: new client(%s)", self.remote_address)
         if handoff is not None and handoff[1]:
@@ -436,6 +439,61 @@ class ClientV2(V2Commands, asyncio.Protocol):
         self._heartbeat_timer = None
         self._send(HEARTBEAT_FRAME)
         self._arm_heartbeat()
+
+    # --- a shard's replacement (``transfer.py``) --------------------------------------------
+    @property
+    def movable(self) -> bool:
+        """Everything this connection is can move to another process now: its transport is
+        plain (a relayed connection's TLS and compression stay on the relaying shard), no
+        upgrade or auth query runs, nothing waits in the transport to be written, and it is
+        not retrying a batch already stored in part (only this process knows which part)."""
+        transport = self.transport
+        return (transport is not None and not self._closing and not self._suspended and self._decoder is None
+                and not self._parser.failed and not isinstance(transport, CompressedTransport)
+                and transport.get_extra_info("ssl_object") is None and not transport.get_write_buffer_size()
+                and not any(isinstance(e, ProtocolError) or self.broker.stored_in_part(e[2]) for e in self._events))
+
+    def freeze(self) -> None:
+        """Read nothing more here (the shard is being replaced)."""
+        if self.transport is not None and not self._closing:
+            self.transport.pause_reading()
+
+    def hand_over(self) -> tuple[int, ConnectionState, dict[str, Any], bytes, bytes]:
+        """Stop serving this (``movable``) connection here, keeping the connection open, and
+        return what a replacement needs to carry on: a duplicate of its descriptor, its
+        state, its session (``restore_session``), the message frames not written yet and the
+        bytes read but not yet run. The caller took it out of its channel's consumers."""
+        assert self.transport is not None
+        fd = os.dup(self.transport.get_extra_info("socket").fileno())
+        unread = self.pending_input(self._events) + self._unreplayed
+        state = self.relay_state()
+        if len(self._magic) < 4:
+            state = dataclasses.replace(state, magic=False)
+            unread = self._magic + unread
+        channel = self.channel
+        session = {"state": self.state, "topic": channel.topic_name if channel else "",
+                   "channel": channel.name if channel else "", "rdy": self.rdy,
+                   "message_count": self.message_count, "finish_count": self.finish_count,
+                   "requeue_count": self.requeue_count, "connect_ts": self.connect_ts, "last_read": self._last_read}
+        out = bytes(self._out)
+        self.channel = None
+        self.detach()
+        self.transport.abort()  # closes this process's descriptor only
+        return fd, state, session, out, unread
+
+    def restore_session(self, state: ConnectionState, session: dict[str, Any], out: bytes) -> None:
+        """Before the connection is made here: carry on from ``hand_over`` of a replaced
+        shard (the caller subscribes it to its channel again)."""
+        if state.settings is not None:
+            self.settings = state.settings
+        self.state = int(session["state"])
+        self.rdy = int(session["rdy"])
+        self.message_count = int(session["message_count"])
+        self.finish_count = int(session["finish_count"])
+        self.requeue_count = int(session["requeue_count"])
+        self.connect_ts = int(session["connect_ts"])
+        self._last_read = int(session["last_read"])
+        self._out = bytearray(out)
 
     # --- suspending the command stream: upgrades and auth queries --------------------------
     def _suspend(self, work: Coroutine[Any, Any, None]) -> None:

@@ -43,11 +43,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Container, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from pynsqd.shm import sidecar as sidecar_file
 from pynsqd.shm.frames import Frames
-from pynsqd.shm.log import DEFERRED, DONE, READY, READY_HEADER, MessageLog
+from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, READY_HEADER, MessageLog
 from pynsqd.shm.logrecovery import Deferred, LogScan
 from pynsqd.shm.segment import Segment
 from pynsqd.shm.store import BackendMark, Position, open_log
@@ -71,6 +71,7 @@ class Backend(Protocol):
     def empty(self) -> None: ...
     def delete(self) -> None: ...
     def close(self) -> None: ...
+    def release(self) -> None: ...
 
 
 class DropBackend:
@@ -102,6 +103,9 @@ class DropBackend:
         pass
 
     def close(self) -> None:
+        pass
+
+    def release(self) -> None:
         pass
 
 
@@ -352,6 +356,29 @@ class MessageQueue:
         """The publish time (ns) of the message at ``pos``."""
         return self.log.timestamp_at(pos)
 
+    def holds(self, pos: int, msg_id: bytes) -> bool:
+        """``pos`` holds ``msg_id`` in flight, as the process this queue was handed over
+        from left it (``adopt``)."""
+        log = self.log
+        return 0 <= pos < log.capacity and log.states[pos] == IN_FLIGHT and log.id_at(pos) == msg_id
+
+    # --- handed over between two processes of this host (``shard/transfer.py``) -------------
+    def export(self) -> dict[str, Any]:
+        """What only this process knows of the log (it is never walked while one of this
+        process's own runs: the caller waited for ``scanning`` to end)."""
+        return {"ready": self.ready, "live": self.live, "cursor": self.cursor, "again": list(self.again),
+                "done": self._done, "largest": self.largest, "journaled": self.journaled}
+
+    def adopt(self, state: dict[str, Any]) -> None:
+        """Carry on from ``export`` of the process that handed this queue over: the log is
+        exactly as it left it, so nothing is walked, and its sidecar and journal are not
+        loaded again (its in-memory deferred messages come with the rest of its state)."""
+        self.recovering = False
+        self.scan = None
+        self.ready, self.live, self.cursor = int(state["ready"]), int(state["live"]), int(state["cursor"])
+        self.again = dict.fromkeys(int(pos) for pos in state["again"])
+        self._done, self.largest, self.journaled = int(state["done"]), int(state["largest"]), int(state["journaled"])
+
     def requeue(self, pos: int) -> None:
         """Make the (in-flight or deferred) record at ``pos`` ready again, in place."""
         self.log.set_state(pos, READY)
@@ -586,6 +613,19 @@ class MessageQueue:
         if self.segment is not None:
             if unlink:
                 self.segment.unlink()
+            self.segment.close()
+
+    def hand_over(self) -> None:
+        """Let another process of this host carry on with this queue (a shard's replacement,
+        ``shard/transfer.py``): the backend's files are closed with their metadata written,
+        the segment is left as it is (in-flight and deferred records in place; the next
+        process recovers it), the journal stays."""
+        try:
+            self.backend.release()
+        except Exception:  # the next process repairs from the files, as after a crash
+            logger.exception("failed to hand %r over cleanly", self.backend)
+        self.log.close()
+        if self.segment is not None:
             self.segment.close()
 
     def _persist(self, path: str, held: Sequence[tuple[int, bytes]]) -> bool:

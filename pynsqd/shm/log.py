@@ -34,7 +34,7 @@ from collections.abc import Callable, Container, Sequence
 
 from pynsqd.shm import kernels
 from pynsqd.shm.frames import FRAME, FRAME_SIZE, Frames, check_frames, frame_records
-from pynsqd.shm.logscan import ATTEMPTS_AT, DEFERRED, DONE, IN_FLIGHT, READY, STATE_SIZE, frame_at
+from pynsqd.shm.logscan import ATTEMPTS_AT, DEFERRED, DONE, ID_AT, IN_FLIGHT, READY, STATE_SIZE, frame_at
 from pynsqd.shm.ring import HEADER_SIZE, ByteRing, Writable
 
 __all__ = ["DEFERRED", "DONE", "IN_FLIGHT", "READY", "READY_HEADER", "STATE_SIZE", "MessageLog", "check_ready",
@@ -186,6 +186,11 @@ class MessageLog(ByteRing):
         for pos in positions:
             size = FRAME.unpack_from(buf, HEADER_SIZE + pos - FRAME_SIZE)[0]
             kernels.deliver_run(buf, [pos], [pos + size], out, ids)
+
+    def id_at(self, pos: int) -> bytes:
+        """The message id of the record at ``pos``."""
+        at = HEADER_SIZE + pos + STATE_SIZE + ID_AT
+        return self._buf[at:at + 16].tobytes()
 
     def timestamp_at(self, pos: int) -> int:
         """The publish time (ns) of the message at ``pos``."""

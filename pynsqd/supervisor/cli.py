@@ -4,16 +4,19 @@ shared memory of stopped nodes whose data path is gone (``node/shmowner.py``).""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import uvloop
 
 from pynsqd import NSQ_VERSION, __version__, logs
+from pynsqd.node.boot import IMPORT_CHECK
 from pynsqd.node.config import parse_args
 from pynsqd.node.shmowner import reclaim
 from pynsqd.options import Parser, UsageError, run_cli
 from pynsqd.shm.cpu import this_host_refusal
 from pynsqd.supervisor.arbiter import Supervisor
+from pynsqd.supervisor.upgrade import Inherited
 
 
 def _main(argv: list[str]) -> int:
@@ -24,8 +27,11 @@ def _main(argv: list[str]) -> int:
     why = this_host_refusal()
     if why:
         raise UsageError(why)
+    if os.environ.get(IMPORT_CHECK):  # an upgrade's preflight: the installed code runs this far
+        return 0
     logs.setup(opts.log_prefix, opts.log_level)
-    supervisor = Supervisor(opts, opts.shards)
+    supervisor = Supervisor(opts, opts.shards, Inherited.from_environment())
+    supervisor.argv = list(argv)
     return uvloop.run(supervisor.main())
 
 

@@ -19,15 +19,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import logging
 import os
 import socket
 from collections.abc import Callable
 from types import TracebackType
 
-from pynsqd.node.datapath import lock_data_path
+from pynsqd.node.datapath import lock_data_path, recoverable
+from pynsqd.node.metadata import TopicRecord
 from pynsqd.node.placement import FILENAME, Placement
-from pynsqd.node.shmowner import OwnerRecord
+from pynsqd.node.shmowner import OwnerRecord, reclaim
 from pynsqd.options import UsageError
+from pynsqd.shm import store
+
+log = logging.getLogger("pynsqd.supervisor")
 
 PROBE = ".pynsqd-start.tmp"
 
@@ -101,3 +106,24 @@ class Startup:
         if not existed:
             self._undo.append(lambda: os.unlink(path))
         return table
+
+
+def sweep_segments(data_dir: str, topics: list[TopicRecord], keep: set[str], owner: Callable[[str], int]) -> None:
+    """Once per node, before any shard runs: remove the segments of stopped nodes whose data
+    path is gone (``node/shmowner.py``), and this node's segments that belong to no queue of
+    nsqd.dat and hold nothing worth recovering (deleted or ephemeral queues, empty logs).
+    Segments with messages of a durable queue missing from nsqd.dat stay: the topic's
+    ``owner`` recreates the queue when it boots. ``keep``: this run's rings and owner record,
+    and leftover rings whose messages could not be stored yet."""
+    for gone in reclaim(keep=data_dir):
+        log.info("removed the shared memory of a stopped node on %s (%s): %d segments, %.1f MiB",
+                 gone.data_path, gone.reason, gone.segments, gone.size / (1 << 20))
+    queues = ([("topic", t.name) for t in topics]
+              + [("channel", f"{t.name}:{c.name}") for t in topics for c in t.channels])
+    claimed = store.claimed_names(data_dir, queues) | keep
+    for shm_name, kind, name, records in store.leftovers(data_dir, claimed):
+        if recoverable(kind, name, records):
+            log.warning("%s %s: found in shared memory only; shard %d recovers it", kind.upper(), name,
+                        owner(name.partition(":")[0]))
+        else:
+            store.unlink_segment(shm_name)
