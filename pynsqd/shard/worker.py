@@ -105,6 +105,7 @@ from pynsqd.shard.crossshard import Inbound, Outbound
 from pynsqd.shard.handover import Takeover
 from pynsqd.shard.http import NsqdHTTP
 from pynsqd.shard.httppub import PublishConnection
+from pynsqd.shard.memory import keep_large_blocks
 from pynsqd.shard.node import node_info, queue_factory
 from pynsqd.shard.nodehttp import NodeHTTP, run_local
 from pynsqd.shard.protocol import ClientV2
@@ -565,6 +566,7 @@ def main() -> None:
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_IGN)
     logs.setup(f"{boot.opts.log_prefix}[shard {boot.index}] ", boot.opts.log_level)
+    keep_large_blocks()
     try:
         worker = ShardWorker(boot)
     except Exception as exc:
