@@ -214,8 +214,8 @@ class RequestParser:
             return
         self._run(True)
         if self._state == _HEAD:
+            self._state = _DONE  # nothing more can come: the connection closes once it is answered
             if self._req is not None or self._pos < len(self._buf):
-                self._state = _DONE
                 raise _bad()
         else:
             self._broken()

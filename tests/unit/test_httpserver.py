@@ -123,6 +123,25 @@ def test_a_graceful_stop_answers_what_was_received_and_closes_the_rest() -> None
     run(main)
 
 
+def test_a_client_that_ends_its_side_after_an_answer_is_closed_and_forgotten() -> None:
+    """An idle keep-alive connection whose client sends its last byte (FIN) is closed by the
+    server, not left half-open (CLOSE-WAIT) for a graceful stop to wait on until its grace."""
+    async def main(held: Held) -> None:
+        server = app_server(App())
+        sock = listener()
+        held.serve(server, sock)
+        reader, writer = await held.connect(*sock.getsockname())
+        writer.write(PING)
+        assert (await reader.readuntil(b"/ping")).startswith(b"HTTP/1.1 200 OK\r\n")
+        writer.write_eof()
+        assert await read_all(reader) == b""  # the server closed its side too
+        deadline = asyncio.get_running_loop().time() + scaled(10)
+        while server.open_connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        assert server.open_connections == 0
+    run(main)
+
+
 def test_after_its_grace_a_stop_closes_busy_connections_and_cancels_their_apps() -> None:
     async def main(held: Held) -> None:
         app = App()
