@@ -19,7 +19,11 @@ The scan's work follows what is active, not how many topics and channels there a
 visits only the channels in ``_timed`` (added by ``Channel.on_timers`` when one gets
 something in flight or deferred, dropped by the scan once ``has_timers`` is false), the
 topics in ``_retrying`` (added by ``Topic.on_retry`` when a hand-on fails, dropped once the
-retry succeeded) and the disk queues in ``Syncer.unsynced``. A deleted topic or channel is
+retry succeeded) and the disk queues in ``Syncer.unsynced``; each scan checks the read
+deadline of a tenth of the clients (``CLIENT_PARTS``, each once a second: the deadline is two
+heartbeat intervals, 2 s at least), so 10,000 idle connections cost a thousand checks a scan,
+not ten thousand, and the write deadline of every client whose writes are paused (``stuck``:
+a pause shorter than the next check must not hide a longer one). A deleted topic or channel is
 dropped when the scan next meets it. An idle node with thousands of topics thus scans
 nothing but its clients.
 
@@ -51,11 +55,12 @@ from pynsqd.shard.topic import Topic
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.shm.log import MessageLog
 from pynsqd.shm.ring import buffer_size
-from pynsqd.wire.message import HEADER, IdFactory
+from pynsqd.wire.message import TS_ATTEMPTS, IdFactory
 
 log = logging.getLogger("pynsqd.shard")
 
 SCAN_INTERVAL = 0.1  # seconds, nsqd's QueueScanInterval
+CLIENT_PARTS = 10  # each scan checks the deadlines of one part of the clients: each once a second
 
 
 class BrokerError(Exception):
@@ -119,6 +124,9 @@ class Broker:
         # part; its retry passes the same list and resumes after them (``_forward``)
         self._partial: dict[int, tuple[list[bytes], int]] = {}
         self._pump_handle: asyncio.Handle | None = None
+        self._scan_turn = 0
+        self.stuck: set[Any] = set()  # clients whose writes are paused: checked every scan
+        self._checking: list[Any] = []  # the clients whose deadlines this second's scans check
         self._scan_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # ("created" | "deleted", topic, channel or None) for every topic/channel change
@@ -203,7 +211,13 @@ class Broker:
                 self.schedule(topic)
         if self.syncer is not None:
             self.syncer.scan(now)
-        for client in list(self.clients):
+        part = self._scan_turn % CLIENT_PARTS
+        self._scan_turn += 1
+        if not part:
+            self._checking = list(self.clients)
+        for client in self._checking[part::CLIENT_PARTS]:
+            client.check_deadlines(now)
+        for client in list(self.stuck):
             client.check_deadlines(now)
 
     def _watch_timers(self, channel: Channel) -> None:
@@ -335,21 +349,22 @@ class Broker:
         when the topic's owner is another shard whose inbound ring is full."""
         if self.exiting:
             raise BrokerError("exiting")
-        prefix = HEADER.pack(time.time_ns(), 0, b"")[:10]
         if len(bodies) == 1:  # PUB and HTTP /pub: no comprehension for one message
-            records = [prefix + self.ids.next_id() + bodies[0]]
-            size = len(bodies[0])
+            body = bodies[0]
+            records = [self.ids.next_record(TS_ATTEMPTS.pack(time.time_ns(), 0), body)]
+            size = len(body)
         else:
-            records = self.ids.next_records(prefix, bodies)
+            records = self.ids.next_records(TS_ATTEMPTS.pack(time.time_ns(), 0), bodies)
             size = sum(map(len, bodies))
+        topic = self.topics.get(topic_name)  # only this shard's own topics are in ``topics``
         router = self.router
         if router is not None:
-            if router.owner(topic_name) != self.shard:
+            if topic is None and router.owner(topic_name) != self.shard:
                 self._forward(router, topic_name, bodies, records, size)
                 return
             router.catch_up()  # publishes acknowledged before this one was received go first
         try:
-            self.get_topic(topic_name).put_many(records, size)
+            (topic or self.get_topic(topic_name)).put_many(records, size)
         except OSError as exc:
             self.health = f"NOK - {exc}"
             raise BrokerError(str(exc)) from exc
@@ -389,7 +404,7 @@ class Broker:
         """DPUB: deliver ``body`` after ``delay_ms``. Raises ``BrokerError``."""
         if self.exiting:
             raise BrokerError("exiting")
-        record = HEADER.pack(time.time_ns(), 0, self.ids.next_id()) + body
+        record = self.ids.next_record(TS_ATTEMPTS.pack(time.time_ns(), 0), body)
         router = self.router
         if router is not None:
             if router.owner(topic_name) != self.shard:

@@ -8,8 +8,11 @@ comes due, the channel is unpaused), the channel asks its owner to ``schedule`` 
 owner runs each scheduled pump once per event-loop turn, however many publishes arrived, so
 a burst of PUBs costs one pump. A pump walks the consumers round-robin, starting one further
 each time, and hands each ready consumer up to its free capacity (RDY minus in flight) in
-chunks of ``CHUNK``, so several consumers of one channel share the messages as nsqd's
-competing message pumps do. One pump hands out at most ``PUMP_BUDGET`` messages and then
+chunks of ``CHUNK`` (fewer when messages are large: about ``CHUNK_BYTES`` a chunk, judged
+by the last one, so 1 MiB messages go one at a time and the connection's flow control stops
+them), so several consumers of one channel share the messages as nsqd's
+competing message pumps do. One pump hands out at most ``PUMP_BUDGET`` messages (16 chunks'
+bytes) and then
 schedules itself for the next turn: a consumer that reads as fast as it is sent to with a
 large RDY (a Spark source holds 300k in flight) would otherwise keep the loop in one pump for
 over a second, and FINs, other clients, ``/stats`` and the heartbeat wait behind it.
@@ -55,6 +58,7 @@ log = logging.getLogger("pynsqd.shard")
 
 CHUNK = 256  # messages handed to one consumer per turn of a pump
 PUMP_BUDGET = 16 * CHUNK  # messages one pump hands out before it yields the loop
+CHUNK_BYTES = 1 << 20  # ... and bytes: a chunk is cut to about this many, a pump to 16 of them
 
 _unpack_attempts = ATTEMPTS.unpack_from
 
@@ -89,6 +93,7 @@ class Channel:
         self.e2e: LatencyWindow | None = None  # set when e2e percentiles are configured
         self._schedule = schedule
         self._turn = 0
+        self._chunk = CHUNK  # messages of the next chunk: fewer when the last one's were large
         # told when the channel gets timers (something in flight or deferred): the owner's
         # scan then calls ``process_timers`` until ``has_timers`` is false
         self.on_timers = on_timers
@@ -210,8 +215,9 @@ class Channel:
         start = self._turn % count
         self._turn += 1
         budget = PUMP_BUDGET
+        byte_budget = 16 * CHUNK_BYTES
         while len(queue):
-            if budget <= 0:  # more to hand out: the rest next turn, after other work
+            if budget <= 0 or byte_budget <= 0:  # more to hand out: the rest next turn, after other work
                 self._schedule(self)
                 return
             moved = 0
@@ -220,9 +226,15 @@ class Channel:
                 room = client.capacity()
                 if room <= 0:
                     continue
-                n = self._deliver(client, min(room, CHUNK), now)
+                out = client.output()
+                before = len(out)
+                n = self._deliver(client, min(room, self._chunk), now)
                 if not n:
                     return
+                size = len(out) - before
+                if size > 0:  # (a sampled delivery writes elsewhere)
+                    self._chunk = max(1, min(CHUNK, CHUNK_BYTES * n // size))
+                    byte_budget -= size
                 moved += n
             if not moved:
                 return

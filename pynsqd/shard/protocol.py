@@ -101,6 +101,8 @@ class ClientV2(V2Commands, asyncio.Protocol):
         self._last_read = time.monotonic_ns()
         self._write_paused_at = 0
         self._closing = False
+        self._batching = False  # commands of one read are running: responses wait in ``_out``
+        self._responded = False  # ... and one did: flush when they are done
 
     def __repr__(self) -> str:
         return f"<ClientV2 {self.remote_address}>"
@@ -199,6 +201,17 @@ class ClientV2(V2Commands, asyncio.Protocol):
         self._run_events()
 
     def _run_events(self) -> None:
+        """Run the commands read so far; their responses go out in one write at the end."""
+        self._batching = True
+        try:
+            self._run_commands()
+        finally:
+            self._batching = False
+            if self._responded:
+                self._responded = False
+                self._flush()
+
+    def _run_commands(self) -> None:
         events = self._events
         while events and not self._suspended and not self._stalled and not self._closing:
             event = events.popleft()
@@ -232,6 +245,7 @@ class ClientV2(V2Commands, asyncio.Protocol):
             except Relayed as relayed:
                 assert self.broker.router is not None
                 events.appendleft(event)
+                self._flush()  # the answers before it, ahead of the relayed stream
                 self.broker.router.relay(self, relayed.owner, self.pending_input(events))
                 return
             except ProtocolError as exc:
@@ -272,6 +286,7 @@ class ClientV2(V2Commands, asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self.broker.clients.discard(self)
+        self.broker.stuck.discard(self)
 
     def _input_pending(self) -> bool:
         return bool(self._events) or bool(self._parser.buffered)
@@ -289,6 +304,7 @@ class ClientV2(V2Commands, asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self.broker.clients.discard(self)
+        self.broker.stuck.discard(self)
         channel = self.channel
         if channel is not None:
             channel.remove_consumer(self, time.monotonic_ns())
@@ -297,11 +313,13 @@ class ClientV2(V2Commands, asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused_at = time.monotonic_ns()
+        self.broker.stuck.add(self)
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._write_paused_at = 0
+        self.broker.stuck.discard(self)
         if self.transport is not None and not self._closing and not self._suspended and not self._stalled:
             self.transport.resume_reading()
         if self.channel is not None:
@@ -309,10 +327,14 @@ class ClientV2(V2Commands, asyncio.Protocol):
 
     # --- writing --------------------------------------------------------------------------
     def _send(self, frame: bytes) -> None:
-        """Write a response/error frame now, behind any buffered messages."""
+        """Write a response/error frame now, behind any buffered messages (or, while a read's
+        commands run, once they have all run: one write for a pipelining client)."""
         if self.transport is None or self._closing:
             return
-        if self._out or self._suspended:
+        if self._batching:
+            self._out += frame
+            self._responded = True
+        elif self._out or self._suspended:
             self._out += frame
             self._flush()
         else:
@@ -476,6 +498,7 @@ class ClientV2(V2Commands, asyncio.Protocol):
     # --- suspending the command stream: upgrades and auth queries --------------------------
     def _suspend(self, work: Coroutine[Any, Any, None]) -> None:
         """Hold commands and output until ``work`` (a coroutine) is done, then carry on."""
+        self._flush()  # what was answered before goes out first (an IDENTIFY before its TLS)
         self._suspended = True
         assert self.transport is not None
         self.transport.pause_reading()
@@ -520,6 +543,7 @@ class ClientV2(V2Commands, asyncio.Protocol):
 
     def _compress(self, name: str, level: int) -> None:
         assert self.transport is not None
+        self._flush()  # the IDENTIFY response, uncompressed
         log.info("PROTOCOL(V2): [%s] upgrading connection to %s", self.remote_address, name)
         codec = make_codec(name, level)
         self.transport = cast(asyncio.Transport, CompressedTransport(self.transport, codec))

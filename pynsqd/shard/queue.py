@@ -312,7 +312,7 @@ class MessageQueue:
         log = self.log
         room = self.limit - self.ready - (0 if self.scan is None else self.scan.unscanned)
         if self.backend.depth:
-            plain = records.records() if isinstance(records, Frames) else records
+            plain = records.records() if type(records) is Frames else records
             try:
                 if unit is not None:
                     self._open_unit(unit, held)
@@ -322,7 +322,11 @@ class MessageQueue:
                 if room <= 0:
                     raise
                 records = plain  # the disk refuses writes: the log takes them, out of order
-        if isinstance(records, Frames):
+        elif len(records) == 1 and room > 0 and log.put_ready(records[0]):  # one message: PUB, /pub
+            self.ready += 1
+            self.live += 1
+            return
+        if type(records) is Frames:
             n = len(records)
             # frames are >= 24 bytes a message more than the messages: spare is >= need below
             spare = log.free_bytes - (records.end - records.start) - 7 * n

@@ -118,7 +118,9 @@ class Topic:
         may be a run of READY log frames (a cross-shard batch, ``shm/frames.Frames``): each
         queue that can take it whole appends it as it is (``MessageQueue.put_many``).
         ``unit``: they are a cross-shard batch's; a queue skips what it holds of it."""
-        if self.flowing and not len(self.queue) and not self.retry_at:  # nothing handed: no retry pending
+        queue = self.queue
+        if (self.channels and not self.paused and not queue.ready and not queue.backend.depth
+                and not self.retry_at):  # flowing, nothing waiting here, no retry pending
             took = 0
             try:
                 for channel in self.channels.values():

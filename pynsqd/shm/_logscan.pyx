@@ -9,7 +9,7 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyBy
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.set cimport PySet_Add
 from libc.stdint cimport uint8_t, uint32_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from pynsqd.shm import logscan as _pure
 from pynsqd.shm.frames import RingError
@@ -29,6 +29,23 @@ cdef enum:
     DONE = 4
 
 cdef long long WRAP = 0xFFFFFFFF
+
+cdef extern from *:
+    """
+    static inline unsigned long long pynsqd_load_u64(const void *p) {
+        return __atomic_load_n((const unsigned long long *)p, __ATOMIC_ACQUIRE);
+    }
+    static inline void pynsqd_store_u64(void *p, unsigned long long v) {
+        __atomic_store_n((unsigned long long *)p, v, __ATOMIC_RELEASE);
+    }
+    """
+    unsigned long long load_u64 "pynsqd_load_u64"(const void *p) noexcept nogil
+    void store_u64 "pynsqd_store_u64"(void *p, unsigned long long v) noexcept nogil
+
+cdef enum:
+    WRITE_AT = 64  # the ring header's write index, records written and read index (byte offsets)
+    WSEQ_AT = 72
+    READ_AT = 128
 
 
 cdef inline long long _u32(const uint8_t* p) noexcept nogil:
@@ -85,6 +102,42 @@ cdef tuple _find(const uint8_t* area, long long cap, long long read, long long w
             found += n
         cursor += pos - start
     return runs, cursor
+
+
+cdef inline void _le32(uint8_t* p, uint32_t v) noexcept nogil:
+    p[0] = v & 0xFF
+    p[1] = (v >> 8) & 0xFF
+    p[2] = (v >> 16) & 0xFF
+    p[3] = (v >> 24) & 0xFF
+
+
+def put_one(buf, words, long long cap, long long max_frame, bytes lead not None, bytes record not None):
+    """``logscan.put_one``: the bytes copied in, then the record count and the write index
+    stored (release stores: the compiler keeps them after the copy, x86 keeps the order)."""
+    cdef uint8_t[::1] view = buf
+    cdef uint8_t* base
+    cdef uint8_t* p
+    cdef Py_ssize_t lsize = len(lead), rsize = len(record)
+    cdef long long size = lsize + rsize, frame = (size + 15) & ~7
+    cdef unsigned long long read, write, start
+    if cap < FRAME_SIZE or cap & 7 or view.shape[0] < HEADER + cap:
+        raise ValueError(f"a {view.shape[0]}-byte buffer has no {cap}-byte record area")
+    base = &view[0]
+    read = load_u64(base + READ_AT)
+    write = load_u64(base + WRITE_AT)
+    start = write % <unsigned long long>cap
+    if (read > write or (read | write) & 7 or frame > cap - <long long>(write - read) or frame > cap - <long long>start
+            or frame > max_frame):
+        return False
+    p = base + HEADER + start
+    _le32(p, <uint32_t>size)
+    _le32(p + 4, <uint32_t>(size ^ WRAP))
+    memcpy(p + FRAME_SIZE, <const char*>lead, lsize)
+    memcpy(p + FRAME_SIZE + lsize, <const char*>record, rsize)
+    memset(p + FRAME_SIZE + size, 0, frame - FRAME_SIZE - size)
+    store_u64(base + WSEQ_AT, load_u64(base + WSEQ_AT) + 1)
+    store_u64(base + WRITE_AT, write + frame)
+    return True
 
 
 def find(buf, long long cap, long long read, long long write, long long cursor, long long max_count,

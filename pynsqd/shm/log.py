@@ -106,9 +106,16 @@ class MessageLog(ByteRing):
             return 1 if self.put(READY_HEADER + messages[0]) else 0
         return self.put_many(messages, READY_HEADER)
 
+    def put_ready(self, message: bytes) -> bool:
+        """Append one ready message if it fits now before the end of the area; False if
+        not (``append_ready`` also wraps)."""
+        return kernels.put_one(self._buf, self._words, self._cap, self._max_frame, READY_HEADER, message)
+
     def append(self, message: bytes, state: int, due: int = 0) -> int | None:
         """Append one message in ``state``; its position, or None when it does not fit."""
-        if not self.put_many((message,), state_header(state, due)):
+        lead = state_header(state, due)
+        if not kernels.put_one(self._buf, self._words, self._cap, self._max_frame, lead, message) and not \
+                self.put_many((message,), lead):
             return None
         size = STATE_SIZE + len(message)
         return (self.write_index - (size + (-size & 7))) % self._cap

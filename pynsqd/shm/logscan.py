@@ -1,7 +1,8 @@
 """The per-record loops of a ``MessageLog``, in pure Python: finding records in a state,
 delivering them (state, attempts, NSQ frames, ids), releasing finished ones at the front, and
 recovering a log a previous process left, a bounded run of records at a time (states, then
-message ids).
+message ids); and appending one record (``put_one``, ``shm/ring.py``'s: a single PUB's
+message).
 
 ``buf`` is the log's whole buffer (ring header included), ``cap`` its record-area size,
 ``read``/``write`` the ring's indices; positions are offsets in the record area of a
@@ -16,7 +17,9 @@ import struct
 from collections.abc import Container
 
 from pynsqd.shm.frames import FRAME, FRAME_SIZE, WRAP, RingError
-from pynsqd.shm.ring import HEADER_SIZE
+from pynsqd.shm.ring import HEADER_SIZE, put_one
+
+__all__ = ["deliver_ready", "deliver_run", "find", "frame_at", "live_ids", "put_one", "recover_run", "release_front"]
 
 READY = 1
 IN_FLIGHT = 2

@@ -78,12 +78,32 @@ _VER = struct.Struct("<II")
 _WRAP_FRAME = FRAME.pack(WRAP, 0)
 
 __all__ = ["FRAME", "FRAME_SIZE", "HEADER_SIZE", "WRAP", "ByteRing", "Frames", "RingError", "Writable",
-           "buffer_size", "frame_size"]
+           "buffer_size", "frame_size", "put_one"]
 
 Writable = bytearray | memoryview | mmap.mmap
 # records a walk passed in one contiguous stretch: (how many came before them, their area
 # positions' offset from the ring's indices, the positions where each starts and ends)
 Run = tuple[int, int, list[int], list[int]]
+
+
+def put_one(buf: memoryview, words: memoryview, cap: int, max_frame: int, lead: bytes, record: bytes) -> bool:
+    """Append ``lead`` + ``record`` as one record if its frame fits now before the end of the
+    area (and in ``max_frame``); False if not. ``words`` is the ring header as native 8-byte
+    words; the bytes are written first, then the record count, then the write index
+    (the publication order above)."""
+    size = len(lead) + len(record)
+    frame = (size + 15) & ~7
+    read: int = words[_READ]
+    write: int = words[_WRITE]
+    start = write % cap
+    if (read <= write and not (read | write) & 7 and frame <= cap - (write - read) and frame <= cap - start
+            and frame <= max_frame):
+        at = HEADER_SIZE + start
+        buf[at:at + frame] = FRAME.pack(size, size ^ WRAP) + lead + record + PADS[-size & 7]
+        words[_WSEQ] = words[_WSEQ] + 1
+        words[_WRITE] = write + frame
+        return True
+    return False
 
 
 def buffer_size(capacity: int) -> int:
@@ -212,23 +232,13 @@ class ByteRing:
 
     def put(self, record: bytes) -> bool:
         """Append one record; False when it does not fit now. ValueError if it never can.
-        (One record that fits before the end is written here directly, a quarter of the
-        cost of ``put_many``'s batch set-up; everything else goes through ``put_many``.)"""
-        size = len(record)
-        frame = (size + 15) & ~7
-        words = self._words
-        read: int = words[_READ]
-        write: int = words[_WRITE]
-        cap = self._cap
-        start = write % cap
-        if (read <= write and not (read | write) & 7 and frame <= cap - (write - read)
-                and frame <= cap - start and frame <= self._max_frame):
-            at = HEADER_SIZE + start
-            self._buf[at:at + frame] = FRAME.pack(size, size ^ WRAP) + record + PADS[-size & 7]
-            words[_WSEQ] = words[_WSEQ] + 1
-            words[_WRITE] = write + frame
-            return True
-        return self.put_many((record,)) == 1
+        (One record that fits before the end is written by ``put_before_end``, a quarter of
+        the cost of ``put_many``'s batch set-up; everything else goes through ``put_many``.)"""
+        return self.put_before_end(record) or self.put_many((record,)) == 1
+
+    def put_before_end(self, record: bytes) -> bool:
+        """Append one record if it fits now before the end of the area; False if not."""
+        return put_one(self._buf, self._words, self._cap, self._max_frame, b"", record)
 
     def put_many(self, records: Sequence[bytes], prefix: bytes = b"") -> int:
         """Append as many whole records as fit, in order; return how many were written.

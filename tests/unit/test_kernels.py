@@ -369,3 +369,43 @@ def test_records_compiled_and_pure_make_the_same_bytes(bodies: list[bytes], firs
     want = idrecords.make_records(prefix, first, step, bodies)
     assert twin.make_records(prefix, first, step, bodies) == want
     assert [r[10:26] for r in want] == [b"%016x" % (first + i * step) for i in range(len(bodies))]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3000), st.sampled_from([b"", b"L" * 16]), st.integers(0, 4)),
+                min_size=1, max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_put_one_appends_what_the_pure_append_does(steps: list[tuple[int, bytes, int]]) -> None:
+    # one record at a time into two rings, taking some out between (so appends meet the end
+    # of the area, wrap markers and a full ring): the same answers and the same bytes
+    twins = Twins(4096)
+    for i, (size, lead, take) in enumerate(steps):
+        record = bytes([i & 0xFF]) * size
+        got = [impl.put_one(log._buf, log._words, log._cap, log.max_frame, lead, record)
+               for impl, log in zip((pure, compiled), twins.logs)]
+        assert got[0] == got[1], (i, size)
+        assert twins.bufs[0] == twins.bufs[1]
+        taken = [log.take_many(take) for log in twins.logs]
+        assert taken[0] == taken[1]
+    left = twins.each(lambda log: log.take_many(1000))
+    assert left[0] == left[1]
+
+
+def test_put_one_refuses_a_buffer_smaller_than_its_area() -> None:
+    log = MessageLog(bytearray(buffer_size(4096)), init=True)
+    with pytest.raises(ValueError, match="no 8192-byte record area"):
+        compiled.put_one(log._buf, log._words, 8192, log.max_frame, b"", b"x")
+
+
+def test_one_record_is_next_records_of_one_on_both_kernels() -> None:
+    from pynsqd.wire import message
+
+    for make in (idrecords.make_records, message._make_records):
+        before = message._make_records
+        message._make_records = make
+        try:
+            one = message.IdFactory(7, 1, 2, clock=lambda: 1_700_000_000_000_000_000)
+            batch = message.IdFactory(7, 1, 2, clock=lambda: 1_700_000_000_000_000_000)
+            assert one.next_record(b"P" * 10, b"body") == batch.next_records(b"P" * 10, [b"body"])[0]
+            assert one.next_id() == batch.next_ids(1)[0]
+        finally:
+            message._make_records = before
