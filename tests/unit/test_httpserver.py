@@ -135,9 +135,7 @@ def test_a_client_that_ends_its_side_after_an_answer_is_closed_and_forgotten() -
         assert (await reader.readuntil(b"/ping")).startswith(b"HTTP/1.1 200 OK\r\n")
         writer.write_eof()
         assert await read_all(reader) == b""  # the server closed its side too
-        deadline = asyncio.get_running_loop().time() + scaled(10)
-        while server.open_connections and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(server.connections.emptied.wait(), scaled(10))
         assert server.open_connections == 0
     run(main)
 
