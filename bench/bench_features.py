@@ -17,7 +17,6 @@ import json
 import multiprocessing as mp
 import os
 import socket
-import ssl
 import sys
 import tempfile
 import time
@@ -29,9 +28,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figures, count_size_parser, report, running_node, write_certs  # noqa: E402
-from pynsqd.wire.commands import encode_fin, encode_identify, encode_mpub, encode_rdy, encode_sub  # noqa: E402
-from pynsqd.wire.compression import make_codec  # noqa: E402
+from bench.common import Figures, count_size_parser, negotiate, read_frame, report, running_node, write_certs  # noqa: E402
+from pynsqd.wire.commands import encode_fin, encode_mpub, encode_rdy, encode_sub  # noqa: E402
 from pynsqd.wire.errors import ProtocolError  # noqa: E402
 from pynsqd.wire.frames import FRAME_MESSAGE, FrameParser  # noqa: E402
 
@@ -48,49 +46,19 @@ def body(i: int, size: int) -> bytes:
 def preload(port: int, topic: str, count: int, size: int) -> None:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(b"  V2" + encode_sub(topic, "ch"))
-    _read_plain(sock)
+    read_frame(sock)
     sock.close()
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(b"  V2")
     for start in range(0, count, 200):
         sock.sendall(encode_mpub(topic, [body(i, size) for i in range(start, min(start + 200, count))]))
-        _read_plain(sock)
+        read_frame(sock)
     sock.close()
 
 
-def _read_plain(sock: Any) -> bytes:
-    """Exactly one frame off the socket: what follows may be an upgraded stream."""
-    size = int.from_bytes(_recv_exact(sock, 4), "big")
-    return _recv_exact(sock, size)[4:]
-
-
-def _recv_exact(sock: Any, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        data = sock.recv(n - len(out))
-        if not data:
-            raise SystemExit("connection closed by the node")
-        out += data
-    return out
-
-
 def consumer(port: int, topic: str, mode: str, count: int, ca_file: str, q: Any) -> None:
-    features = MODES[mode]
-    sock: Any = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(b"  V2" + encode_identify(json.dumps({"feature_negotiation": True, **features}).encode()))
-    _read_plain(sock)
-    if features.get("tls_v1"):
-        sock = ssl.create_default_context(cafile=ca_file).wrap_socket(sock, server_hostname="localhost")
-        _read_plain(sock)
-    codec = None
-    compression = "snappy" if features.get("snappy") else "deflate" if features.get("deflate") else ""
-    if compression:
-        codec = make_codec(compression)
+    sock, codec = negotiate(("127.0.0.1", port), MODES[mode], ca_file)
     parser = FrameParser()
-    pending = b"".join(codec.decode(sock.recv(65536))) if codec else b""
-    if codec:
-        assert pending.endswith(b"OK"), pending
     out = encode_sub(topic, "ch") + encode_rdy(2500)
     sock.sendall(codec.encode(out) if codec else out)
     got = wire = 0

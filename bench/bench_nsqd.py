@@ -13,6 +13,19 @@ Scenarios (``--scenarios``, default all; 200-byte messages, ``--runfor`` seconds
           /channel/create; the seconds that took, how long /metrics and /stats?format=json
           take to answer (median of 5), and RSS
 
+and beyond it (``bench/nsqd_beyond.py``: each scenario its own group of fresh nodes):
+
+  tls       MPUB over TLS, then TLS consumers         snappy, deflate  compressed consumers
+  idle      10,000 idle connections: accept time, RSS, CPU
+  mib       1 MiB messages, MB/s in and out           deferred  1,000,000 DPUB of 60 s waiting
+  backlog   draining 5,000,000 messages from disk     latency   publish-to-deliver percentiles
+                                                                at half of the peak rate
+
+``--nsq-tools DIR`` loads the TCP scenarios (mpub, sub, pub, mpub32, sub32) with NSQ's own
+``bench_writer`` and ``bench_reader`` from DIR instead of the Python load processes
+(``bench/nsq_tools.py``: built from NSQ's source; pub is then an MPUB of one message a round
+trip, as ``bench_writer --batch-size=1`` sends it, and has no round-trip percentiles).
+
 Each scenario prints its throughput (msgs/s), the server's CPU µs a message (the process and
 all its descendants: supervisor and shards), the peak RSS of that tree, and round-trip p50,
 p99, p99.9 where a request carries one message (pub, http).
@@ -21,8 +34,9 @@ Node A is started from ``--tree`` (default this checkout: its ``python -m pynsqd
 with this interpreter and ``PYTHONPATH=tree``), or from ``--nsqd-bin`` (another nsqd binary,
 same flags), or is a running node (``--nsqd-tcp-address``, ``--nsqd-http-address`` and
 ``--nsqd-pid`` to meter). Started nodes are fresh for each group of scenarios (mpub,sub,pub /
-mpub32,sub32 / http / topics), with a fresh data path, free ports, ``--mem-queue-size=1000000``
-and defaults otherwise (one shard a CPU), and stopped by pid after it. Node B, from the
+mpub32,sub32 / http / topics / each of the others), with a fresh data path that is also their working directory
+(never the checkout), free ports, ``--mem-queue-size=1000000`` (backlog: 0; tls adds its
+certificate) and defaults otherwise (one shard a CPU), and stopped by pid after it. Node B, from the
 ``--compare-*`` flags, is optional; with it both nodes run the same scenario one after the
 other (A B, then B A on the next repeat), and the output ends with ``figure | A | B | B/A``.
 Before each scenario both nodes are let go idle (under 6% of a CPU) and the page cache's dirty
@@ -30,6 +44,8 @@ pages are written back (``os.sync``), so that neither's leftover work, nor the k
 back the other's spilled messages, counts against it. ``--repeat N`` prints medians of N runs.
 
   .venv/bin/python bench/bench_nsqd.py --tree /path/to/base --compare-tree . --repeat 3
+  .venv/bin/python bench/bench_nsqd.py --nsqd-bin /path/to/go/nsqd --compare-tree . \
+      --nsq-tools /path/to/nsq/bench/bin --repeat 4
 """
 
 from __future__ import annotations
@@ -51,9 +67,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import wrk  # noqa: E402
-from bench.common import Meter, running_node  # noqa: E402
-from bench.nsqd_scenarios import GROUPS, SCENARIOS, Figures, Target  # noqa: E402
+from bench import nsq_tools, wrk  # noqa: E402
+from bench import nsqd_beyond as beyond  # noqa: E402
+from bench import nsqd_scenarios as bench_sh  # noqa: E402
+from bench.common import Meter, running_node, write_certs  # noqa: E402
+from bench.nsqd_scenarios import Figures, Target  # noqa: E402
+
+SCENARIOS = {**bench_sh.SCENARIOS, **beyond.SCENARIOS}
+GROUPS = [*bench_sh.GROUPS, *((name,) for name in beyond.SCENARIOS)]
 
 
 @dataclass
@@ -78,7 +99,7 @@ class Side:
         return f"tree {self.tree} ({commit or 'not a git checkout'})"
 
     @contextlib.contextmanager
-    def node(self, mem_queue_size: int) -> Iterator[Target]:
+    def node(self, flags: list[str]) -> Iterator[Target]:
         """A fresh node for one group of scenarios (or the running one; the topics the group
         made on it are deleted afterwards)."""
         prefix = f"b{uuid.uuid4().hex[:6]}"
@@ -94,7 +115,7 @@ class Side:
             return
         command = [self.binary] if self.binary else []
         with tempfile.TemporaryDirectory() as data, running_node(
-                data, f"--mem-queue-size={mem_queue_size}", "--log-level=info", stop_timeout=120,
+                data, *flags, "--log-level=info", stop_timeout=120,
                 tree=self.tree or ROOT, command=command) as (proc, tcp_port, http_port):
             yield Target(("127.0.0.1", tcp_port), ("127.0.0.1", http_port), Meter(proc.pid), prefix)
 
@@ -142,8 +163,9 @@ def run(args: argparse.Namespace, sides: list[Side]) -> dict[str, list[dict[str,
             names = [n for n in group if n in args.scenarios]
             if not names:
                 continue
+            flags = beyond.flags(group[0], args.certs, args.mem_queue_size)
             with contextlib.ExitStack() as stack:
-                targets = {s.label: stack.enter_context(s.node(args.mem_queue_size)) for s in order}
+                targets = {s.label: stack.enter_context(s.node(flags)) for s in order}
                 for name in names:
                     for s in order:
                         for target in targets.values():
@@ -189,6 +211,8 @@ def main() -> None:
     parser.add_argument("--mem-queue-size", type=int, default=1_000_000, help="flag of the started nodes")
     parser.add_argument("--loadgen", choices=("wrk", "python"), default="wrk" if wrk.available() else "python",
                         help="HTTP load generator (default: wrk when installed)")
+    parser.add_argument("--nsq-tools", type=nsq_tools.check, metavar="DIR",
+                        help="load the TCP scenarios with NSQ's bench_writer and bench_reader from DIR")
     for prefix, which in (("", "A"), ("compare-", "B")):
         parser.add_argument(f"--{prefix}tree", help=f"start node {which} from this checkout"
                                                     + (" (default: this one)" if which == "A" else ""))
@@ -204,7 +228,15 @@ def main() -> None:
     sides = [s for s in (_side("A", args, ""), _side("B", args, "compare_")) if s]
     for s in sides:
         print(f"{s.label}: {s.describe()}")
-    print(f"{args.size}-byte messages, {args.runfor:g} s phases, HTTP load from {args.loadgen}", flush=True)
+    with tempfile.TemporaryDirectory() as certs:
+        args.certs = write_certs(certs, "localhost", "127.0.0.1") if "tls" in args.scenarios else {"ca": ""}
+        _report(args, sides)
+
+
+def _report(args: argparse.Namespace, sides: list[Side]) -> None:
+    tcp_load = f"NSQ's bench_writer/bench_reader in {args.nsq_tools}" if args.nsq_tools else "Python processes"
+    print(f"{args.size}-byte messages, {args.runfor:g} s phases, TCP load from {tcp_load}, "
+          f"HTTP load from {args.loadgen}", flush=True)
     runs = run(args, sides)
     print(f"\nmedian of {args.repeat} run(s):")
     print("\n".join(table(runs, [n for n in SCENARIOS if n in args.scenarios])))

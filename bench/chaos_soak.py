@@ -5,17 +5,22 @@ Load: TCP producers (PUB, MPUB, DPUB) and HTTP producers (/pub, /mpub, /pub?defe
 ``--topics`` topics with two or three channels each; consumers FIN, REQ (at once and with a
 delay), hold with TOUCH, and on some channels pause so a backlog spills to disk.
 
-Faults (``--faults`` of them, every kind once in each run of five, in a seeded order): kill -9
+Faults (``--faults`` of them, every kind once in each run of seven, in a seeded order): kill -9
 of one shard; kill -9 of the whole tree and a restart on the same data path; SIGSTOP of a
 shard past the heartbeat deadline, then SIGCONT; a full disk (the data path is a tmpfs of
 ``--tmpfs-size``, filled, held, freed); descriptor exhaustion (the node runs under ``prlimit
---nofile``; idle connections are opened until a publish is no longer served, held, closed).
+--nofile``; idle connections are opened until a publish is no longer served, held, closed);
+a rolling restart (SIGHUP); an upgrade of the supervisor (SIGUSR2, then a rolling restart).
+The last two are no crashes: a duplicate, a consumer disconnected or a publish failed while
+they run misses the target.
 
 Report: acknowledged, delivered, lost (acknowledged and never delivered, or never finished,
 after the final drain), early (deferred and REQ'd messages delivered before their due time),
 duplicates by cause (explained: in flight at a crash, with attempts >= 2), shards not serving
 at the end, RSS of the node's process tree (max, first and last window's median, max per
-minute). The exit status is 1 when a target is missed. Needs root (mount, prlimit).
+minute), consumer connections ended and publish errors during reloads and upgrades, and the
+publish stall then (send to acknowledgement: p50, p99, longest). The exit status is 1 when a
+target is missed. Needs root (mount, prlimit).
 
   .venv/bin/python bench/chaos_soak.py --duration 600 --faults 24 --seed 1
 """

@@ -32,14 +32,14 @@ def start_node(data: str, *flags: str, tree: Path = ROOT,
 
     The node is ``python -m pynsqd.supervisor`` of ``tree`` (this checkout unless told; the
     same interpreter, ``PYTHONPATH=tree``), or ``command`` (e.g. another nsqd binary) run with
-    the same flags."""
+    the same flags. Either runs in ``data`` (a scratch directory), never in the checkout."""
     env = None
     if not command:
         command = [sys.executable, "-m", "pynsqd.supervisor"]
         env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.Popen(
         [*command, "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", f"--data-path={data}", *flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tree if env else data, env=env)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=data, env=env)
     assert proc.stderr is not None
     ports: dict[bytes, int] = {}
     deadline = time.monotonic() + 30
@@ -140,6 +140,47 @@ def write_certs(where: str, *hosts: str) -> dict[str, str]:
     return paths
 
 
+def negotiate(addr: tuple[str, int], features: dict[str, Any], ca: str) -> tuple[Any, Any]:
+    """A client connection that sent the magic and an IDENTIFY negotiating ``features``
+    (``tls_v1``, ``snappy``, ``deflate``; TLS checked against the CA file ``ca``) and read
+    every upgrade's ``OK``: (the socket, plain or TLS; the compression codec or None)."""
+    import json
+    import socket
+    import ssl
+
+    from pynsqd.wire.commands import encode_identify
+    from pynsqd.wire.compression import make_codec
+
+    sock: Any = socket.create_connection(addr)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(b"  V2" + encode_identify(json.dumps({"feature_negotiation": True, **features}).encode()))
+    read_frame(sock)
+    if features.get("tls_v1"):
+        sock = ssl.create_default_context(cafile=ca).wrap_socket(sock, server_hostname="localhost")
+        read_frame(sock)
+    codec = None
+    for name in ("snappy", "deflate"):
+        if features.get(name):
+            codec = make_codec(name)
+            data = b""
+            while not data.endswith(b"OK"):  # the upgrade's OK, compressed
+                data += b"".join(codec.decode(sock.recv(65536)))
+    return sock, codec
+
+
+def read_frame(sock: Any) -> bytes:
+    """Exactly one frame's data off ``sock`` (what follows may be an upgraded stream)."""
+    def exact(n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            data = sock.recv(n - len(out))
+            if not data:
+                raise SystemExit("connection closed by the node")
+            out += data
+        return out
+    return exact(int.from_bytes(exact(4), "big"))[4:]
+
+
 def gather_results(procs: Sequence[BaseProcess], q: Any, while_waiting: Callable[[], object]) -> list[Any]:
     """Start ``procs``, collect one result each from ``q`` (calling ``while_waiting`` every
     0.2 s meanwhile, e.g. to sample RSS), then join them."""
@@ -167,9 +208,10 @@ def remove_segments(data: str) -> None:
 
 
 def _drain(stream: IO[bytes]) -> None:
-    """Keep reading the node's log so it never blocks on a full pipe."""
-    for _ in stream:
-        pass
+    """Keep reading the node's log so it never blocks on a full pipe; close it at its end."""
+    with stream:
+        for _ in stream:
+            pass
 
 
 def count_size_parser(doc: str | None, count: int, count_help: str) -> argparse.ArgumentParser:

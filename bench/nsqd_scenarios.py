@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from bench import wrk
+from bench import nsq_tools, wrk
 from bench.bench_http import worker as http_worker
 from bench.bench_shards import consumers
 from bench.bench_tcp import _HDR, _connect, create_channels
@@ -146,9 +146,26 @@ def _tcp_figures(t: Target, results: list[Any], cpu: float) -> tuple[Figures, in
             "peak_rss_mb": t.meter.peak_rss / 2**20}, count
 
 
+def _nsq_tool(t: Target, o: Any, tool: str, topics: list[str], batch: int = 0) -> tuple[Figures, int]:
+    """Load from NSQ's ``tool`` (``nsq_tools.py``) instead of the Python load processes."""
+    t.meter.peak_rss = 0
+    cpu0 = t.meter.cpu()
+    rate = nsq_tools.run(o.nsq_tools, tool, t.tcp, topics, o.runfor, o.size, batch, t.meter.rss)
+    cpu = t.meter.cpu() - cpu0
+    count = round(rate * o.runfor)
+    t.meter.rss()
+    return {"msgs_s": rate, "cpu_us_msg": cpu / count * 1e6 if count else math.nan,
+            "peak_rss_mb": t.meter.peak_rss / 2**20}, count
+
+
 def _publish(t: Target, o: Any, topics: list[str], batch: int) -> tuple[Figures, list[float]]:
     """Publish to ``topics`` (one connection each, spread over the load processes), or to one
-    topic from ``LOAD_PROCS`` connections; MPUB of ``batch`` or, for 1, PUB."""
+    topic from ``LOAD_PROCS`` connections; MPUB of ``batch`` or, for 1, PUB. With
+    ``--nsq-tools``: NSQ's bench_writer (MPUB of ``batch``, also of 1)."""
+    if o.nsq_tools:
+        figures, count = _nsq_tool(t, o, "bench_writer", topics, batch)
+        t.backlog[tuple(topics)] = t.backlog.get(tuple(topics), 0) + count
+        return figures, []
     body = b"a" * o.size
     frames = [encode_mpub(tp, [body] * batch) if batch > 1 else encode_pub(tp, body) for tp in topics]
     if len(frames) == 1:
@@ -167,6 +184,12 @@ def _consume(t: Target, o: Any, topics: list[str]) -> Figures:
     if not t.backlog.get(tuple(topics)):
         _publish(t, o, topics, BATCH)
     total = t.backlog[tuple(topics)]
+    if o.nsq_tools:  # bench_reader runs ``runfor`` whatever is left: a drained backlog lowers its rate
+        figures, count = _nsq_tool(t, o, "bench_reader", topics)
+        t.backlog[tuple(topics)] = max(0, total - count)
+        if count >= 0.98 * total:
+            print(f"note: bench_reader drained the backlog ({total:,} messages): its rate is low", flush=True)
+        return figures
     groups = [topics] * LOAD_PROCS if len(topics) == 1 else [topics[i::LOAD_PROCS] for i in range(LOAD_PROCS)]
     results, cpu = _run(t, consumers, [(t.tcp, g, o.runfor, total) for g in groups])
     figures, count = _tcp_figures(t, results, cpu)

@@ -212,7 +212,7 @@ def _strict_bool(raw: Any) -> bool:
     raise ValueError(f"expected a boolean, got {raw!r}")
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse, but errors are one line and exit status 1 (NSQ's binaries exit 1 too)."""
 
     def error(self, message: str) -> NoReturn:
@@ -225,7 +225,7 @@ T = TypeVar("T")
 def build_parser(cls: type[Any], prog: str, description: str) -> argparse.ArgumentParser:
     """The argparse parser for an options dataclass; every flag's default is SUPPRESS so the
     resolver can tell a flag given on the command line from one left alone."""
-    parser = _Parser(prog=prog, description=description, allow_abbrev=False,
+    parser = Parser(prog=prog, description=description, allow_abbrev=False,
                      argument_default=argparse.SUPPRESS)
     parser.add_argument("--config", "-config", metavar="FILE", help="path to config file")
     parser.add_argument("--version", "-version", action="store_true",

@@ -33,13 +33,14 @@ T = TypeVar("T")
 # modules that restart nodes, kill processes, run clusters or foreign clients: minutes, not seconds
 INTEGRATION_MODULES = frozenset({
     "test_admin_api", "test_admin_browser", "test_client_batch", "test_client_discovery",
-    "test_client_features", "test_client_interop", "test_crash", "test_deploy_docker",
+    "test_client_features", "test_client_interop", "test_crash", "test_crash_serving", "test_deploy_docker",
     "test_deploy_kubernetes", "test_deploy_prometheus", "test_deploy_systemd", "test_discovery",
-    "test_durability_gaps", "test_exact_recovery", "test_foreign_clients", "test_foreign_clients_features",
+    "test_durability_gaps", "test_exact_recovery", "test_first_run", "test_foreign_clients",
+    "test_foreign_clients_features",
     "test_log_sizing",
-    "test_observability", "test_persistence", "test_spark", "test_supervisor", "test_tools",
+    "test_observability", "test_persistence", "test_publish_order", "test_spark", "test_supervisor", "test_tools",
     "test_chaos", "test_disk_faults", "test_accept_recovery",
-    "test_write_errors",
+    "test_write_errors", "test_reload", "test_reload_load",
 })
 SLOW_MARKERS = ("spark", "containers", "clients")
 

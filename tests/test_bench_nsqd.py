@@ -16,6 +16,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.support.harness import Daemon, scaled, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,3 +70,34 @@ def test_compares_a_started_node_with_a_running_one(nsqd_factory: Callable[..., 
 
     with urllib.request.urlopen(f"http://{host}:{port}/stats?format=json", timeout=30) as r:
         assert json.load(r)["topics"] == [], "the bench topics are left on the running node"
+
+
+def test_a_started_node_runs_in_its_scratch_directory(tmp_path: Path) -> None:
+    from bench.common import running_node
+
+    with running_node(str(tmp_path)) as (proc, _, _):
+        assert os.readlink(f"/proc/{proc.pid}/cwd") == str(tmp_path)
+
+
+def test_nsq_tools_must_be_there(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_nsqd.py"), "--nsq-tools", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.strip() == (f"bench_nsqd.py: no bench_writer or bench_reader in {tmp_path} "
+                                  "(build them from NSQ's bench/bench_writer and bench/bench_reader)")
+
+
+NSQ_TOOLS = os.environ.get("PYNSQD_NSQ_TOOLS", "")
+
+
+@pytest.mark.skipif(not NSQ_TOOLS, reason="PYNSQD_NSQ_TOOLS names no directory with NSQ's bench_writer/bench_reader")
+def test_nsq_tools_load_the_tcp_scenarios() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_nsqd.py"), "--runfor", "1", "--scenarios",
+                          "mpub,sub,pub", "--nsq-tools", NSQ_TOOLS],
+                         capture_output=True, text=True, timeout=scaled(240))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"TCP load from NSQ's bench_writer/bench_reader in {Path(NSQ_TOOLS).resolve()}" in out.stdout
+    for name in ("mpub", "sub", "pub"):
+        line = re.search(rf"^run 1 A {name} +msgs_s=({NUMBER}) +cpu_us_msg=({NUMBER}) +peak_rss_mb={NUMBER}$",
+                         out.stdout, re.M)
+        assert line and float(line.group(1).replace(",", "")) > 0, out.stdout

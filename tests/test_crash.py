@@ -5,6 +5,7 @@ data path and consume the rest."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import threading
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pynsqd.shm.segment import list_segments, unlink_segment
+from pynsqd.node.shmowner import RECORD
+from pynsqd.shm.segment import list_segments, node_prefix, unlink_segment
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_req
 from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
@@ -167,8 +169,10 @@ class Scenario:
 
 
 def queue_segments(path: Path) -> list[str]:
-    """The node's topic and channel segments (not the supervisor's cross-shard rings)."""
-    return [n for n in list_segments(str(path)) if "-inbound-" not in n]
+    """The node's topic and channel segments (not the supervisor's cross-shard rings, nor
+    the record of whose they are)."""
+    record = "/" + node_prefix(str(path)) + RECORD
+    return [n for n in list_segments(str(path)) if "-inbound-" not in n and n != record]
 
 
 @pytest.mark.parametrize("how,shards", [(how, shards) for how in ("kill-9", "sigterm")
@@ -233,6 +237,49 @@ def test_deleted_and_leftover_segments_are_removed(nsqd_factory: Callable[..., D
     again = nsqd_factory(data_path=tmp_path)
     kept = topic_stats(again, "kept")
     assert kept is not None and kept["depth"] == 1
+
+
+def test_shared_memory_of_a_killed_node_goes_once_its_data_path_is_removed(
+        nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """kill -9 keeps a node's segments for its restart; once its data path is removed they
+    are garbage: ``nsqd-reclaim-shm`` removes them, and so does any node's start. Those of
+    a killed node whose data path is still there, and of a running one, stay."""
+    def killed_with_messages(name: str) -> tuple[Path, int]:
+        nsqd = nsqd_factory("--shards=2", data_path=tmp_path / name)
+        with RawClient(nsqd.tcp) as c:
+            for topic in ("a", "b"):  # a topic on each shard
+                c.send(encode_mpub(topic, [b"m%d" % i for i in range(5)]))
+                c.expect_ok()
+        # the owner of a topic published across shards creates it when it drains its ring
+        wait_for(lambda: len(queue_segments(tmp_path / name)) == 2, what="both topics' segments")
+        nsqd.kill()
+        return tmp_path / name, len(list_segments(str(tmp_path / name))) - 1  # all but the record
+
+    (gone, count), (kept, _) = killed_with_messages("gone"), killed_with_messages("kept")
+    running = tmp_path / "running"
+    nsqd_factory(data_path=running)
+    shutil.rmtree(gone)
+    shutil.rmtree(running)
+    # Any node starting on this host reclaims too (other tests in parallel): what is checked
+    # is that the segments go, and that what the command names is garbage.
+    reclaim_shm = str(Path(sys.executable).parent / "nsqd-reclaim-shm")
+    listed = subprocess.run([reclaim_shm, "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert (listed.returncode, listed.stderr) == (0, "")
+    assert str(kept) not in listed.stdout and str(running) not in listed.stdout
+    if list_segments(str(gone)):  # still there: listed, and left alone by the dry run
+        assert f"would remove {count} segments" in listed.stdout and f"on {gone} (data path removed)" in listed.stdout
+        assert len(list_segments(str(gone))) == count + 1
+    done = subprocess.run([reclaim_shm], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, "") and str(kept) not in done.stdout
+    assert list_segments(str(gone)) == []
+    # another killed node whose data path goes: the next start of any node removes its segments
+    again, _ = killed_with_messages("again")
+    shutil.rmtree(again)
+    nsqd_factory(data_path=tmp_path / "other")
+    assert list_segments(str(again)) == []
+    assert len(list_segments(str(running))) >= 3  # the running node's rings and record
+    restarted = nsqd_factory("--shards=2", data_path=kept)  # the kept node's restart finds its messages
+    assert [(topic_stats(restarted, t) or {}).get("depth") for t in ("a", "b")] == [5, 5]
 
 
 def test_ephemeral_queues_keep_mem_queue_size_drop_the_rest_and_never_touch_disk(

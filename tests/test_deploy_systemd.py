@@ -52,6 +52,10 @@ def unit_root(tmp_path: Path) -> Path:
     (root / "etc/systemd/system").mkdir(parents=True)
     for name in UNIT_NAMES:
         shutil.copy(UNITS / name, root / "etc/systemd/system" / name)
+    (root / "bin").mkdir()
+    kill = shutil.which("kill")  # ExecReload's
+    assert kill is not None
+    shutil.copy(kill, root / "bin/kill")
     bin_dir = root / "opt/pynsqd/bin"
     bin_dir.mkdir(parents=True)
     for command in ("nsqd-supervisor", "nsqlookupd", "nsqadmin"):
@@ -112,6 +116,7 @@ def test_stop_timeout_exceeds_the_shutdown_deadline() -> None:
     assert last(unit, "KillMode") == "mixed"  # SIGTERM to the supervisor only; it stops its shards in order
     assert last(unit, "Type") == "notify" and last(unit, "NotifyAccess") == "main"
     assert last(unit, "RemoveIPC") == "no"  # shared-memory queues outlive the processes
+    assert last(unit, "ExecReload") == "/bin/kill -HUP $MAINPID"  # a rolling restart of the shards
     for name in UNIT_NAMES:
         assert last(service(name), "LimitNOFILE") == "65536"
 
@@ -167,6 +172,12 @@ def test_node_notifies_ready_and_stopping(tmp_path: Path, abstract: bool) -> Non
         with RawClient(node.tcp) as client:
             client.subscribe("t", "c", rdy=1)
             assert client.read_message().body == b"x"
+        node.signal(signal.SIGHUP)  # systemctl reload: "reloading" until every shard is replaced
+        message, pid = receive(sock, 30)
+        assert message.startswith("RELOADING=1\nMONOTONIC_USEC=") and pid == node.pid
+        message, pid = receive(sock, 60)
+        assert message.split("\n")[0] == "READY=1" and pid == node.pid
+        node.wait_for_log(r"reloaded: 2 of 2 shard\(s\) replaced")
         node.signal(signal.SIGTERM)
         message, pid = receive(sock, 30)
         assert message == "STOPPING=1" and pid == node.pid
@@ -272,7 +283,7 @@ def systemd_host(docker_engine: Engine, broker_image: str) -> Iterator[Callable[
     (ctx / "Dockerfile").write_text(
         f"FROM {BASE_IMAGE}\n"
         "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends"
-        " systemd systemd-sysv && rm -rf /var/lib/apt/lists/*\n"
+        " systemd systemd-sysv procps && rm -rf /var/lib/apt/lists/*\n"
         f"COPY --from={broker_image} /opt/pynsqd /opt/pynsqd\n"
         'STOPSIGNAL SIGRTMIN+3\nCMD ["/sbin/init"]\n')
     image = f"{PREFIX}/systemd"
@@ -337,6 +348,25 @@ print(u.urlopen("http://127.0.0.1:4171/api/nodes").read().decode())'""")
     wait_for(lambda: sh("systemctl show -p NRestarts --value nsqd-supervisor") == "1"
              and sh("systemctl is-active nsqd-supervisor", check=False) == "active", 60, interval=0.5,
              what="nsqd-supervisor restarted by systemd")
+    assert channel_depth(sh) == 5
+
+    # systemctl reload: every shard replaced by a new process, the supervisor and the queue stay
+    main_pid = sh("systemctl show -p MainPID --value nsqd-supervisor")
+    sh("systemctl reload nsqd-supervisor")
+    wait_for(lambda: "reloaded:" in sh("journalctl -u nsqd-supervisor --no-pager -n 50"), 60, interval=0.5,
+             what="the reload to finish")
+    assert sh("systemctl show -p MainPID --value nsqd-supervisor") == main_pid
+    assert sh("systemctl is-active nsqd-supervisor") == "active"
+    assert channel_depth(sh) == 5
+
+    # SIGUSR2 to the main process: the supervisor re-executes itself in place (same MAINPID),
+    # sandboxed as it is, and reloads the shards
+    sh("systemctl kill --kill-whom=main --signal=SIGUSR2 nsqd-supervisor")
+    wait_for(lambda: sh("journalctl -u nsqd-supervisor --no-pager -n 80").count("reloaded:") >= 2, 120,
+             interval=0.5, what="the upgrade and its reload")
+    assert "upgraded: this supervisor" in sh("journalctl -u nsqd-supervisor --no-pager -n 80")
+    assert sh("systemctl show -p MainPID --value nsqd-supervisor") == main_pid
+    assert sh("systemctl is-active nsqd-supervisor") == "active"
     assert channel_depth(sh) == 5
 
     # a clean stop: SIGTERM to the supervisor, exit 0 well inside TimeoutStopSec; the queue is on disk

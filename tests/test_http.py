@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pynsqd.shard.stats import format_text, rfc3339
-from pynsqd.wire.commands import encode_fin, encode_pub
+from pynsqd.wire.commands import encode_fin, encode_pub, encode_req, encode_touch
 from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 from tests.test_foreign_clients import ClientProc, consume
@@ -372,13 +372,60 @@ def test_empty_channel_drops_queued_in_flight_and_deferred(nsqd: Daemon, http: h
         c.subscribe("empty", "ch", rdy=1)
         http.post("/mpub?topic=empty", content=b"a\nb\nc")
         http.post("/pub?topic=empty&defer=60000", content=b"d")
-        c.read_message()
+        m = c.read_message()
         ch = stats(http)["topics"][0]["channels"][0]
         assert (ch["depth"], ch["in_flight_count"], ch["deferred_count"]) == (2, 1, 1)
         expect(http.post("/channel/empty?topic=empty&channel=ch"), 200, body=b"")
         ch = stats(http)["topics"][0]["channels"][0]
         assert (ch["depth"], ch["in_flight_count"], ch["deferred_count"]) == (0, 0, 0)
         assert ch["clients"][0]["in_flight_count"] == 0
+        c.send(encode_fin(m.id))  # what it held is gone: nsqd's answer
+        c.expect_error(f"E_FIN_FAILED FIN {m.id.decode()} failed ID not in flight")
+        c.send(encode_req(m.id, 0))
+        c.expect_error(f"E_REQ_FAILED REQ {m.id.decode()} failed ID not in flight")
+        c.send(encode_touch(m.id))
+        c.expect_error(f"E_TOUCH_FAILED TOUCH {m.id.decode()} failed ID not in flight")
+        address = "{}:{}".format(*c.sock.getsockname())
+    nsqd.wait_for_log(rf"client\({address}\) closed")
+    assert "Traceback" not in nsqd.output
+
+
+def test_deleting_with_messages_in_flight_disconnects_the_consumers_and_forgets_what_they_held(
+        nsqd_factory: Callable[..., Daemon]) -> None:
+    """As nsqd, a deleted channel (or each channel of a deleted topic) closes its consumers'
+    connections and drops what they held in flight or deferred; their connections closing,
+    and the timeouts and due times of those messages, then do nothing. Each call comes on a
+    fresh connection, handed to the two shards in turn, so some are proxied to the owner."""
+    nsqd = nsqd_factory("--shards=2", "--msg-timeout=1s")
+    consumers = {name: RawClient(nsqd.tcp) for name in ("a", "b", "c", "d")}
+    witness = RawClient(nsqd.tcp)
+    try:
+        for name, c in consumers.items():
+            c.subscribe("doomed", name, rdy=5)
+        witness.subscribe("witness", "w", rdy=1)
+        httpx.post(f"{nsqd.http_url}/mpub?topic=doomed", content=b"m0\nm1\nm2\nm3").raise_for_status()
+        httpx.post(f"{nsqd.http_url}/pub?topic=witness", content=b"w").raise_for_status()
+        for c in consumers.values():
+            held = c.read_messages(4)
+            c.send(encode_req(held[0].id, 300))  # deferred, in place in the log
+        witness.read_message()  # times out after the others held theirs
+        for path in ("/channel/delete?topic=doomed&channel=a", "/channel/delete?topic=doomed&channel=b",
+                     "/topic/delete?topic=doomed"):
+            expect(httpx.post(nsqd.http_url + path), 200, body=b"")
+        for c in consumers.values():
+            address = "{}:{}".format(*c.sock.getsockname())
+            c.expect_closed()
+            nsqd.wait_for_log(rf"client\({address}\) closed")
+        wait_for(lambda: httpx.get(f"{nsqd.http_url}/stats", params={"format": "json", "topic": "witness"}).json()
+                 ["topics"][0]["channels"][0]["timeout_count"] == 1, timeout=10, what="the witness's timeout")
+    finally:
+        for c in (*consumers.values(), witness):
+            c.close()
+    assert "Traceback" not in nsqd.output and "Exception in callback" not in nsqd.output, nsqd.output[-3000:]
+    with RawClient(nsqd.tcp) as c:  # the node serves the name again, from scratch
+        c.subscribe("doomed", "a", rdy=5)
+        httpx.post(f"{nsqd.http_url}/pub?topic=doomed", content=b"again").raise_for_status()
+        assert c.read_message().body == b"again"
 
 
 # --- config ------------------------------------------------------------------------------------

@@ -99,9 +99,11 @@ def test_the_ceiling_and_the_host_bound_a_log(data_path: str) -> None:
     r.grow = Grower(r.segment, GiB, room, "TOPIC(t)", clock=lambda: now[0])
     r.put_many([message(i, 1024) for i in range(200)])
     assert r.log.capacity == 64 * 1024 and r.backend_depth > 0  # spilled, as before
+    assert len(drain(r, 200)) == 200 and r.backend_depth == 0
     room.free = GiB
     r.put_many([message(i, 1024) for i in range(200)])
-    assert r.log.capacity == 64 * 1024  # not asked again before RETRY_AFTER
+    assert r.log.capacity == 64 * 1024 and r.backend_depth > 0  # not asked again before RETRY_AFTER
+    assert len(drain(r, 200)) == 200 and r.backend_depth == 0
     now[0] += sizing.RETRY_AFTER
     r.put_many([message(i, 1024) for i in range(200)])
     assert r.log.capacity > 64 * 1024
@@ -117,10 +119,24 @@ def test_a_wrapped_log_grows_once_its_records_no_longer_wrap(data_path: str) -> 
     assert q.log.unwrapped() is None and q.log.capacity == 64 * 1024
     q.put_many([message(i, 1000) for i in range(70, 100)])  # no room, and wrapped: to disk
     assert q.log.capacity == 64 * 1024 and q.backend_depth > 0
-    assert sorted(drain(q, 70)) == [message(i, 1000) for i in range(30, 100)]  # the log's, then the disk's
+    assert drain(q, 70) == [message(i, 1000) for i in range(30, 100)]  # the log's, then the disk's
     q.log.release()
     q.put_many([message(i, 1000) for i in range(100, 300)])
     assert q.log.capacity > 64 * 1024  # unwrapped again: grown
+
+
+def test_messages_published_while_some_wait_on_disk_go_behind_them(data_path: str) -> None:
+    """A queue is one FIFO across its log and its disk queue: once messages spilled, later
+    ones queue behind them even when the log has room again (it is served first)."""
+    q = segment_queue(data_path, 100_000, 64 * 1024, "channel", "t:c", disk_queue(data_path, "t:c"))
+    q.put_many([message(i, 1000) for i in range(100)])  # the log holds some, the rest spill
+    spilled = q.backend_depth
+    assert 0 < spilled < 100
+    assert drain(q, 30) == [message(i, 1000) for i in range(30)]
+    q.log.release()  # room in the log again, while messages still wait on disk
+    q.put_many([message(i, 1000) for i in range(100, 110)])
+    assert q.backend_depth == spilled + 10
+    assert drain(q, 80) == [message(i, 1000) for i in range(30, 110)]
 
 
 def test_positions_of_in_flight_and_deferred_records_survive_a_growth(data_path: str) -> None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import resource
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +14,7 @@ import httpx
 import pytest
 
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_req
-from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.harness import Daemon, scaled, wait_for, without_file_permission_overrides
 from tests.support.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 
@@ -245,15 +243,18 @@ def test_a_read_only_data_path_is_one_line_and_nothing_is_written(tmp_path: Path
     data = tmp_path / "ro"
     data.mkdir()
     data.chmod(0o555)
-    wrapper = []
-    if os.geteuid() == 0:  # root writes anywhere: drop the capabilities that let it
-        if shutil.which("setpriv") is None:
-            pytest.skip("setpriv is needed to run without CAP_DAC_OVERRIDE as root")
-        caps = "-dac_override,-dac_read_search"
-        wrapper = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+    wrapper = without_file_permission_overrides()  # root writes anywhere
     err = _failed_start([f"--data-path={data}", "--tcp-address=127.0.0.1:0"], tmp_path, wrapper)
     assert err == f"nsqd: error: --data-path={data} is not writable - Permission denied\n"
     assert list(data.iterdir()) == []
+
+
+def test_a_data_path_that_refuses_new_files_is_named_with_the_file_it_refused(tmp_path: Path) -> None:
+    """/proc exists but makes no files (open with O_CREAT says ENOENT): the error says so,
+    not that the data path is missing."""
+    err = _failed_start(["--data-path=/proc", "--tcp-address=127.0.0.1:0"], tmp_path)
+    assert err == ("nsqd: error: --data-path=/proc: cannot create files in it - "
+                   "open /proc/.pynsqd-start.tmp: No such file or directory\n")
 
 
 def test_full_disk_fails_the_publish_and_damages_nothing(nsqd_factory: Callable[..., Daemon],

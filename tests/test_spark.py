@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from pynsqd.client import SyncProducer
-from tests.support.harness import Daemon, wait_for
+from tests.support.harness import Daemon, decoy_checkout, wait_for
 from tests.support.spark_helpers import (
     Pipeline,
     channel_stats,
@@ -29,6 +29,7 @@ from tests.support.spark_helpers import (
     kill_between_commit_and_fin,
     make_session,
     publish,
+    rows_committed,
 )
 
 pytestmark = pytest.mark.spark
@@ -348,6 +349,10 @@ def readme_command() -> str:
 
 def test_pipeline_command_from_the_readme_survives_a_kill_and_restart(
         spark: Any, nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Run where its working directory holds another ``pynsqd/`` package: Spark's Python
+    workers (``python -m pyspark.daemon`` there) still run the installed code."""
+    decoy = tmp_path / "checkout"
+    imported = decoy_checkout(decoy)
     nsqd = nsqd_factory("--max-rdy-count=30000")
     total = 40_000
     publish(nsqd, "events", (b"e%05d" % i for i in range(total)))
@@ -355,14 +360,14 @@ def test_pipeline_command_from_the_readme_survives_a_kill_and_restart(
     args = [*shlex.split(command)[1:], "--msg-timeout=3s", "--progress-interval=1s", "--max-in-flight=15000"]
     out = tmp_path / "events"
     log = tmp_path / "pipeline.log"
-    first = Pipeline(args, log)
+    first = Pipeline(args, log, cwd=decoy)
     try:
-        wait_for(lambda: committed_count(spark, out) > 0 or first.proc.poll() is not None, timeout=120,
+        wait_for(lambda: rows_committed(out) or first.proc.poll() is not None, timeout=120,
                  interval=0.3, what="the first committed batch")
     finally:
         first.kill()  # the driver and its JVM die mid-stream
     assert committed_count(spark, out) < total, first.output()
-    second = Pipeline(args, log)
+    second = Pipeline(args, log, cwd=decoy)
     try:
         def all_there() -> bool:
             assert second.proc.poll() is None, second.output()
@@ -379,6 +384,7 @@ def test_pipeline_command_from_the_readme_survives_a_kill_and_restart(
     result = committed(spark, out)
     assert {r.line for r in result.select("line").distinct().collect()} == {f"e{i:05d}" for i in range(total)}
     assert "date" in result.columns  # partitioned by date
+    assert not imported.exists(), imported.read_text()
 
 
 def test_pipeline_with_a_dedupe_window_writes_each_message_once_across_a_crash_between_commit_and_fin(

@@ -30,7 +30,7 @@ from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE
 from tests.conftest import run_async
 from tests.support.authserver import AuthServer, grant
 from tests.support.certs import Certs
-from tests.support.harness import Daemon, remove_segments, scaled, wait_for
+from tests.support.harness import Daemon, decoy_checkout, remove_segments, scaled, wait_for
 from tests.support.nodeclient import Consumer, Producer
 from tests.support.rawclient import Message, RawClient
 
@@ -287,19 +287,6 @@ def _owner_after_create(nsqd: Daemon, tmp_path: Path, topic: str) -> int:
     return owners(tmp_path)[topic]
 
 
-def _upgraded(c: RawClient, certs: Certs, tls: bool, compression: str) -> None:
-    fields: dict[str, Any] = {"tls_v1": tls}
-    if compression:
-        fields[compression] = True
-    c.identify(**fields)
-    if tls:
-        c.start_tls(certs.client_context())
-        c.expect_ok()
-    if compression:
-        c.start_compression(compression)
-        c.expect_ok()
-
-
 @pytest.mark.parametrize("upgrade", ["snappy", "deflate", "tls", "tls+snappy", "tls+deflate"])
 def test_an_upgraded_connection_is_relayed_through_its_codec(node: NodeFactory, certs: Certs, tmp_path: Path,
                                                              upgrade: str) -> None:
@@ -310,7 +297,7 @@ def test_an_upgraded_connection_is_relayed_through_its_codec(node: NodeFactory, 
     tls = upgrade.startswith("tls")
     compression = upgrade.rpartition("+")[2] if upgrade != "tls" else ""
     with RawClient(nsqd.tcp) as c:
-        _upgraded(c, certs, tls, compression)
+        c.negotiate(certs.client_context() if tls else None, compression)
         for i in range(6):
             c.send(encode_pub(f"z{i}", b"x"))
             c.expect_ok()
@@ -320,7 +307,7 @@ def test_an_upgraded_connection_is_relayed_through_its_codec(node: NodeFactory, 
     # connections land on the shards in turn: t0, t0, t1, t1 relays two of the four SUBs
     for topic in (by_shard[0], by_shard[0], by_shard[1], by_shard[1]):
         with RawClient(nsqd.tcp) as c:
-            _upgraded(c, certs, tls, compression)
+            c.negotiate(certs.client_context() if tls else None, compression)
             c.send(encode_sub(topic, "c") + encode_rdy(1))
             c.expect_ok()
             msg = c.read_message()
@@ -545,6 +532,35 @@ def test_a_shard_that_cannot_boot_stops_the_node_with_one_line(node: NodeFactory
         nsqd.start()
     assert "nsqd: shard 0 failed to boot" in nsqd.output
     assert nsqd.output.count("failed to boot -") == 1
+
+
+def test_shards_run_the_supervisors_code_whatever_directory_the_node_starts_from(tmp_path: Path) -> None:
+    """``python -m`` puts the working directory first on ``sys.path``. A node started (as the
+    ``nsqd`` command starts, without that) from a directory holding another ``pynsqd/``
+    package runs its shards on the supervisor's code, not that one's."""
+    decoy = tmp_path / "checkout"
+    imported = decoy_checkout(decoy)
+    (tmp_path / "data").mkdir()
+    nsqd = Daemon("pynsqd.supervisor", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                                        f"--data-path={tmp_path / 'data'}", "--shards=2"],
+                  cwd=str(decoy), python_flags=["-P"])
+    try:
+        nsqd.start()
+        with RawClient(nsqd.tcp) as c:  # two topics, one per shard (the fewest-topics rule)
+            for topic in ("a", "b"):
+                c.send(encode_pub(topic, topic.encode()))
+                c.expect_ok()
+        assert sorted(owners(tmp_path).values()) == [0, 1]
+        for topic in ("a", "b"):
+            with RawClient(nsqd.tcp) as c:
+                c.subscribe(topic, "ch", rdy=1)
+                assert c.read_message().body == topic.encode()
+        assert all(s["ready"] for s in get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"])
+    finally:
+        nsqd.stop()
+        remove_segments([nsqd])
+    assert not imported.exists(), imported.read_text()
+    assert "Traceback" not in nsqd.output
 
 
 def _drained(nsqd: Daemon, topic: str, channel: str) -> bool:

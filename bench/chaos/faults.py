@@ -9,6 +9,9 @@ commands) and returns what happened, for the report.
 - ``disk-full``: the tmpfs data path filled to the last byte, held, then freed.
 - ``fd-exhaustion``: idle connections opened until a TCP publish is no longer served (the
   node runs under ``prlimit --nofile``), held, then closed; then how long until it serves.
+- ``reload``: SIGHUP, a rolling restart of every shard (``supervisor/reload.py``); no crash:
+  nothing may come twice, no consumer may be disconnected, no publish may fail.
+- ``upgrade``: SIGUSR2, the supervisor re-executes itself and then reloads; no crash either.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from bench.chaos.node import Node
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import encode_pub
 
-KINDS = ("shard-kill", "tree-kill", "shard-stop", "disk-full", "fd-exhaustion")
+KINDS = ("shard-kill", "tree-kill", "shard-stop", "disk-full", "fd-exhaustion", "reload", "upgrade")
+RESTARTS = ("reload", "upgrade")  # no crash: the node replaces its processes with clients connected
+RESTART_WAIT = 180.0  # seconds for a reload or an upgrade to complete
 FD_PROBE_TOPIC = "chaos_fd_probe#ephemeral"
 CONNECTIONS_CAP = 16_000  # the soak's own descriptors are limited too
 
@@ -41,7 +46,8 @@ class Faults:
         self.victims: set[int] = set()  # pids this soak killed or stopped itself
         self.run: dict[str, Callable[[], dict[str, Any]]] = {
             "shard-kill": self.shard_kill, "tree-kill": self.tree_kill, "shard-stop": self.shard_stop,
-            "disk-full": self.disk_full, "fd-exhaustion": self.fd_exhaustion}
+            "disk-full": self.disk_full, "fd-exhaustion": self.fd_exhaustion, "reload": self.reload,
+            "upgrade": self.upgrade}
 
     def inject(self, kind: str) -> dict[str, Any]:
         began = time.monotonic()
@@ -85,6 +91,28 @@ class Faults:
             os.kill(pid, signal.SIGCONT)
         back = self.node.wait_shard_back(index, pid)
         return {"shard": index, "stopped_s": self.stop_for, "back_after_s": back}
+
+    def reload(self) -> dict[str, Any]:
+        return self.restart(signal.SIGHUP, "reloads")
+
+    def upgrade(self) -> dict[str, Any]:
+        return self.restart(signal.SIGUSR2, "upgrades", "reloads")
+
+    def restart(self, sig: int, *counters: str) -> dict[str, Any]:
+        """Signal the supervisor; seconds until each of its ``counters`` went up (None: not
+        within ``RESTART_WAIT``), with the shards' pids before and after."""
+        before = self.node.supervisor()
+        pids = self.node.shard_pids()
+        start = time.monotonic()
+        self.node.signal(sig)
+        took = None
+        while time.monotonic() - start < RESTART_WAIT:
+            now = self.node.supervisor()
+            if now and all(now[c] > before[c] for c in counters):
+                took = round(time.monotonic() - start, 2)
+                break
+            time.sleep(0.1)
+        return {"completed_after_s": took, "shards_before": pids, "shards_after": self.node.shard_pids()}
 
     def disk_full(self) -> dict[str, Any]:
         ballast = self.node.data / "chaos.ballast"
@@ -152,7 +180,7 @@ def served(tcp: tuple[str, int], timeout: float) -> bool:
 
 def schedule(rng: random.Random, duration: float, count: int) -> list[tuple[float, str]]:
     """``count`` faults over ``duration`` seconds: evenly spaced with seeded jitter, every
-    kind once in each run of five, in a seeded order."""
+    kind once in each run of ``len(KINDS)``, in a seeded order."""
     kinds: list[str] = []
     while len(kinds) < count:
         block = list(KINDS)

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import json
 import random
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import httpx
 
@@ -23,6 +26,7 @@ from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import (
     encode_dpub,
     encode_fin,
+    encode_identify,
     encode_mpub,
     encode_pub,
     encode_rdy,
@@ -30,6 +34,7 @@ from pynsqd.wire.commands import (
     encode_sub,
     encode_touch,
 )
+from pynsqd.wire.compression import Codec, make_codec
 from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, FrameParser
 from pynsqd.wire.message import decode_message
 
@@ -58,10 +63,22 @@ class Mix:
     max_attempts: int = 4  # from this attempt on, a consumer FINs whatever it gets
 
 
+class Reader(Protocol):
+    async def read(self, n: int) -> bytes: ...
+
+
+class Writer(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 class Frames:
     """Frames read from a stream, heartbeats answered with NOP."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: Reader, writer: Writer) -> None:
         self.reader, self.writer = reader, writer
         self.parser = FrameParser()
         self.pending: list[tuple[int, bytes]] = []
@@ -89,6 +106,12 @@ class Producer(abc.ABC):
                  rng: random.Random, mix: Mix) -> None:
         self.ledger, self.address, self.topics, self.rate, self.rng, self.mix = ledger, address, topics, rate, rng, mix
         self.errors = 0
+        self.errors_at: list[float] = []  # when each error happened
+        self.latencies: list[tuple[float, float]] = []  # (sent, seconds until acknowledged) per publish
+
+    def _failed(self) -> None:
+        self.errors += 1
+        self.errors_at.append(time.monotonic())
 
     @abc.abstractmethod
     async def run(self, stop: asyncio.Event) -> None:
@@ -107,14 +130,14 @@ class TcpProducer(Producer):
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.address()[0]), ANSWER_WAIT)
             except (OSError, TimeoutError):
-                self.errors += 1
+                self._failed()
                 await asyncio.sleep(RECONNECT_PAUSE)
                 continue
             try:
                 writer.write(MAGIC_V2)
                 await self._publish_until(stop, Frames(reader, writer))
             except (OSError, ConnectionError, TimeoutError):
-                self.errors += 1
+                self._failed()
                 await asyncio.sleep(RECONNECT_PAUSE)
             finally:
                 writer.close()
@@ -139,6 +162,7 @@ class TcpProducer(Producer):
             kind, data = await asyncio.wait_for(frames.next(), ANSWER_WAIT)
             if (kind, data) != (FRAME_RESPONSE, b"OK"):
                 raise ConnectionError(data.decode("utf-8", "replace"))  # E_*_FAILED: not acknowledged
+            self.latencies.append((now, time.monotonic() - now))
             for p, _ in pubs:
                 p.acked = True
             await asyncio.sleep(len(pubs) / self.rate)
@@ -169,14 +193,15 @@ class HttpProducer(Producer):
                 try:
                     resp = await http.post(url, params=params, content=b"\n".join(b for _, b in pubs))
                 except httpx.HTTPError:
-                    self.errors += 1
+                    self._failed()
                     await asyncio.sleep(RECONNECT_PAUSE)
                     continue
                 if resp.status_code == 200:
+                    self.latencies.append((now, time.monotonic() - now))
                     for p, _ in pubs:
                         p.acked = True
                 else:
-                    self.errors += 1
+                    self._failed()
                 await asyncio.sleep(len(pubs) / self.rate)
 
 
@@ -207,9 +232,10 @@ class Consumer:
             if self.pauses:
                 helpers.append(asyncio.create_task(self._pause(writer)))
             try:
-                writer.write(MAGIC_V2 + encode_sub(self.topic, self.channel) + encode_rdy(self.rdy))
+                frames = await self._greet(reader, writer)
+                frames.writer.write(encode_sub(self.topic, self.channel) + encode_rdy(self.rdy))
                 self.connected += 1
-                await self._consume(conn, Frames(reader, writer), holds)
+                await self._consume(conn, frames, holds)
             except (OSError, ConnectionError) as exc:
                 self.closed_by[str(exc)[:80] or type(exc).__name__] += 1
             finally:
@@ -219,6 +245,11 @@ class Consumer:
                 writer.close()
             if not stop.is_set():
                 await asyncio.sleep(RECONNECT_PAUSE)
+
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Frames:
+        """The connection up to its SUB (here: the magic)."""
+        writer.write(MAGIC_V2)
+        return Frames(reader, writer)
 
     async def _consume(self, conn: int, frames: Frames, holds: list[asyncio.Task[None]]) -> None:
         writer = frames.writer
@@ -256,7 +287,7 @@ class Consumer:
                 holds[:] = [t for t in holds if not t.done()]
                 holds.append(asyncio.create_task(self._hold(writer, msg_id, d)))
 
-    async def _hold(self, writer: asyncio.StreamWriter, msg_id: bytes, d: Delivery) -> None:
+    async def _hold(self, writer: Writer, msg_id: bytes, d: Delivery) -> None:
         end = time.monotonic() + self.rng.uniform(*self.mix.hold_s)
         while time.monotonic() < end and not self.finish_all:
             await asyncio.sleep(self.mix.touch_every)
@@ -281,3 +312,70 @@ class Consumer:
             writer.write(encode_rdy(0))
             await asyncio.sleep(self.rng.uniform(5, 15))
             writer.write(encode_rdy(self.rdy))
+
+
+class UpgradedConsumer(Consumer):
+    """A ``Consumer`` whose connections negotiate TLS (``tls``: a client context) or snappy
+    or deflate (``compression``) in IDENTIFY before they subscribe."""
+
+    def __init__(self, *args: Any, tls: ssl.SSLContext | None = None, compression: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tls, self.compression = tls, compression
+
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Frames:
+        fields: dict[str, Any] = {"feature_negotiation": True, "tls_v1": self.tls is not None}
+        if self.compression:
+            fields[self.compression] = True
+        writer.write(MAGIC_V2 + encode_identify(json.dumps(fields).encode()))
+        await _frame(reader)  # the IDENTIFY response, in the clear; nothing after it is
+        frames = Frames(reader, writer)
+        if self.tls is not None:
+            await writer.start_tls(self.tls, server_hostname="localhost")
+            await _ok(frames)
+        if self.compression:
+            codec = make_codec(self.compression)
+            frames = Frames(_Decoding(reader, codec), _Encoding(writer, codec))
+            await _ok(frames)
+        return frames
+
+
+async def _frame(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readexactly(4)
+    return await reader.readexactly(int.from_bytes(head, "big"))
+
+
+async def _ok(frames: Frames) -> None:
+    if await frames.next() != (FRAME_RESPONSE, b"OK"):
+        raise ConnectionError("upgrade not acknowledged")
+
+
+class _Decoding:
+    """A stream reader seen through a codec."""
+
+    def __init__(self, reader: asyncio.StreamReader, codec: Codec) -> None:
+        self.reader, self.codec = reader, codec
+
+    async def read(self, n: int) -> bytes:
+        while True:
+            data = await self.reader.read(n)
+            if not data:
+                return b""
+            out = b"".join(self.codec.decode(data))
+            if out:
+                return out
+
+
+class _Encoding:
+    """A stream writer seen through a codec."""
+
+    def __init__(self, writer: asyncio.StreamWriter, codec: Codec) -> None:
+        self.writer, self.codec = writer, codec
+
+    def write(self, data: bytes) -> None:
+        self.writer.write(self.codec.encode(data))
+
+    def is_closing(self) -> bool:
+        return self.writer.is_closing()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -101,9 +101,10 @@ class Node:
             return []
 
     def shard_pids(self) -> dict[int, int]:
-        """Shard index → pid, from the processes' environment (no request to the node)."""
+        """Shard index → pid, from the processes' environment (no request to the node); while
+        a shard is being replaced, the newest of its two processes."""
         out: dict[int, int] = {}
-        for proc in self.processes()[1:]:
+        for proc in sorted(self.processes()[1:], key=lambda p: p.create_time()):
             with contextlib.suppress(psutil.Error, KeyError, ValueError):
                 out[int(json.loads(proc.environ()[WORKER_ENV])["index"])] = proc.pid
         return out
@@ -119,6 +120,16 @@ class Node:
         resp = httpx.get(f"{self.url}/stats", params={"format": "json", "include_shards": "true"}, timeout=5)
         resp.raise_for_status()
         return dict(resp.json())
+
+    def supervisor(self) -> dict[str, Any]:
+        """The supervisor's figures (``{}`` if the node does not answer now)."""
+        try:
+            return dict(self.stats()["supervisor"])
+        except (httpx.HTTPError, KeyError, ValueError):
+            return {}
+
+    def signal(self, sig: int) -> None:
+        self.daemon.signal(sig)
 
     def wait_shard_back(self, index: int, old_pid: int, timeout: float = 60) -> float | None:
         """Seconds until shard ``index`` runs in a new process and is ready; None if never."""

@@ -16,7 +16,8 @@ from typing import Any
 
 import uvloop
 
-from bench.chaos.faults import Faults, schedule, served
+from bench.chaos import restarts
+from bench.chaos.faults import RESTARTS, Faults, schedule, served
 from bench.chaos.ledger import Ledger, Rules, verdict
 from bench.chaos.load import Consumer, HttpProducer, Mix, Producer, TcpProducer
 from bench.chaos.node import PROBE_CHANNEL, Node, death, raise_own_nofile, tmpfs
@@ -116,6 +117,10 @@ async def _soak(cfg: SoakConfig, node: Node) -> dict[str, Any]:
     await asyncio.gather(*tasks, return_exceptions=True)
     sampler.cancel()
     report = verdict(ledger, Rules(msg_timeout=60.0))
+    spans = restarts.windows(ledger, RESTARTS)
+    report["restarts"] = {"disconnected": restarts.disconnected(ledger, spans),
+                          "publish_errors": restarts.publish_errors(producers, spans),
+                          "stall": restarts.stalls(producers, spans)}
     report.update({
         "seed": cfg.seed, "duration_s": cfg.duration, "drain_s": round(drained_s, 1),
         "faults_injected": len(injected), "faults": injected, "node_starts": node.starts,
@@ -213,6 +218,13 @@ def missed(report: dict[str, Any], cfg: SoakConfig) -> list[str]:
             out.append(f"fault {i} (fd-exhaustion): {f['connections_opened']} connections did not exhaust the node")
         elif f["kind"] == "fd-exhaustion" and f["tcp_served_again_after_s"] is None:
             out.append(f"fault {i} (fd-exhaustion): TCP not served within 30 s of the descriptors' release")
+        elif f["kind"] in RESTARTS and f["completed_after_s"] is None:
+            out.append(f"fault {i} ({f['kind']}): not completed in time")
+    during = report.get("restarts", {})
+    if during.get("disconnected"):
+        out.append(f"{during['disconnected']} consumer connection(s) ended by a reload or an upgrade")
+    if during.get("publish_errors"):
+        out.append(f"{during['publish_errors']} publish error(s) during a reload or an upgrade")
     rss = report["rss"]
     if rss.get("samples"):
         bound = rss["first_window_median_mb"] * cfg.rss_growth + cfg.rss_slack_mb
@@ -238,6 +250,9 @@ def summary(r: dict[str, Any]) -> str:
         ("RSS max / first / last (MB)", f"{rss.get('max_mb')} / {rss.get('first_window_median_mb')} / "
                                         f"{rss.get('last_window_median_mb')}"),
         ("drain", f"{r['drain_s']} s"),
+        ("reloads/upgrades: disconnected, publish errors", f"{r['restarts']['disconnected']}, "
+                                                            f"{r['restarts']['publish_errors']}"),
+        ("publish stall in reloads/upgrades", json.dumps(r["restarts"]["stall"]["all_protocols_during_restarts"])),
         ("verdict", "target met" if not r["missed"] else "MISSED: " + "; ".join(r["missed"])),
     ]
     width = max(len(k) for k, _ in rows)

@@ -114,6 +114,8 @@ class ControlChannel:
         self._partial_fds: list[int] = []
         self._calls: dict[int, asyncio.Future[Message]] = {}
         self._next_rid = 0
+        self._when_sent: list[Callable[[], None]] = []
+        self._held: list[tuple[dict[str, Any], bytes, list[int]]] | None = None  # ``hold``
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -126,9 +128,38 @@ class ControlChannel:
         header, payload = message.encode()
         self._send(header, payload, fds)
 
+    def hold(self) -> None:
+        """Keep every message but replies back until ``release`` (the peer is about to
+        re-execute itself: it must find nothing half-read)."""
+        if self._held is None:
+            self._held = []
+
+    def release(self) -> None:
+        """Send what ``hold`` kept back, in order."""
+        held, self._held = self._held, None
+        for header, payload, fds in held or []:
+            try:
+                self._send(header, payload, fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    def detach(self) -> int:
+        """Stop using the socket without closing it (it survives an ``exec``); its descriptor.
+        What was received and not yet handled is lost: call when nothing is in flight."""
+        if self._loop is not None:
+            self._loop.remove_reader(self.sock.fileno())
+            if self._writing:
+                self._loop.remove_writer(self.sock.fileno())
+        self.closed = True
+        return self.sock.detach()
+
     def _send(self, header: dict[str, Any], payload: bytes, fds: list[int] | None = None) -> None:
         if self.closed:
             raise ConnectionError(f"control channel {self.name} closed")
+        if self._held is not None and "re" not in header:
+            self._held.append((header, payload, [os.dup(fd) for fd in fds or []]))
+            return
         if fds and len(fds) > MAX_FDS:
             raise ValueError(f"{len(fds)} descriptors in one control message (at most {MAX_FDS})")
         chunks = encode(header, payload)
@@ -174,6 +205,31 @@ class ControlChannel:
         if not self._out and self._writing and self._loop is not None:
             self._writing = False
             self._loop.remove_writer(self.sock.fileno())
+        if not self._out and self._when_sent:
+            callbacks, self._when_sent = self._when_sent, []
+            for callback in callbacks:
+                callback()
+
+    def when_sent(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once everything sent so far is in the kernel: now, or once the
+        datagrams waiting for room have gone (never, if the channel closes first)."""
+        if not self._out:
+            callback()
+        else:
+            self._when_sent.append(callback)
+
+    async def sent(self) -> None:
+        """Wait until everything sent so far is in the kernel (or the channel closed)."""
+        if not self._out or self.closed or self._loop is None:
+            return
+        done: asyncio.Future[None] = self._loop.create_future()
+
+        def sent() -> None:
+            if not done.done():
+                done.set_result(None)
+        self.when_sent(sent)
+        while not done.done() and not self.closed:
+            await asyncio.wait([done], timeout=0.05)
 
     async def call(self, message: Message, fds: list[int] | None = None, wait: float = 10.0) -> Message:
         """Send a request and wait for its reply. Raises ``ConnectionError``/``TimeoutError``."""

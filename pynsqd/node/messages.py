@@ -8,14 +8,21 @@ HTTP body, a stats document) travels as the payload, never through JSON. Descrip
 (``SCM_RIGHTS``: an accepted connection) travel beside the message, not in it.
 
 Supervisor → shard: ``Adopt`` (a TCP connection, with its state and unread bytes),
-``ServeHTTP`` (HTTP/HTTPS connections), ``RunHTTP`` (an admin call proxied from another
-shard), ``CreateChannels``, ``Quiesce`` and ``Exit`` (the two shutdown phases).
-Shard → supervisor: ``Ready``, ``Snapshot`` (its topics, for ``nsqd.dat`` and lookupd),
-``Updated`` (the topics a loop turn changed),
-``Changed`` (a topic or channel created or deleted), ``HandOff`` (a connection for another
-shard), ``Proxy`` (an admin call for another shard's topic).
-Both ways: ``StatsRequest``, ``HealthRequest``, ``SetConfig`` (``PUT /config`` node-wide).
+``RunHTTP`` (an admin call proxied from another shard), ``CreateChannels``, ``Quiesce`` and
+``Exit`` (the two shutdown phases), ``Drain`` and ``Release`` (the two phases of a shard's
+replacement, ``supervisor/reload.py``), ``Hold`` and ``Resume`` (around an upgrade of the
+supervisor).
+Shard → supervisor: ``Ready``, ``Standby`` (a replacement waits for its shard's state),
+``Snapshot`` (its topics, for ``nsqd.dat`` and lookupd), ``Updated`` (the topics a loop turn
+changed), ``Changed`` (a topic or channel created or deleted), ``HandOff`` (a connection for
+another shard), ``Proxy`` (an admin call for another shard's topic).
+Both ways: ``StatsRequest``, ``HealthRequest``, ``SetConfig`` (``PUT /config`` node-wide),
+``ServeHTTP`` (HTTP/HTTPS connections to serve; from a shard: to serve elsewhere),
+``Handover`` (a replaced shard's state and connections, relayed to its replacement).
 Replies: ``StatsDocument``, ``ShardDocuments``, ``Health``, ``HTTPResponse``, ``Failed``, ``Done``.
+``Adopt`` and ``ServeHTTP`` are calls: the shard answers ``Done`` before it reads a byte of the
+connections, and the supervisor keeps its copies of them until then (a shard that dies first
+leaves them unread, for another process).
 """
 
 from __future__ import annotations
@@ -113,7 +120,8 @@ class Adopt(Message):
 @message
 @dataclasses.dataclass(frozen=True)
 class ServeHTTP(Message):
-    """Serve these HTTP (``tls``: HTTPS) connections (the descriptors)."""
+    """Serve these HTTP (``tls``: HTTPS) connections (the descriptors); from a shard being
+    replaced: idle ones, for the supervisor to hand to a shard that serves."""
 
     op: ClassVar[str] = "serve_http"
     tls: bool
@@ -160,11 +168,57 @@ class Exit(Message):
     op: ClassVar[str] = "exit"
 
 
+@message
+@dataclasses.dataclass(frozen=True)
+class Drain(Message):
+    """Replacement phase 1 (``supervisor/reload.py``): hand idle HTTP connections back, let
+    busy ones finish (up to ``wait`` s), sync the disk queues; TCP is served meanwhile.
+    Answered with ``Done``."""
+
+    op: ClassVar[str] = "drain"
+    wait: float
+
+
+@message
+@dataclasses.dataclass(frozen=True)
+class Release(Message):
+    """Replacement phase 2: stop, send everything as ``Handover`` parts, answer ``Done``, exit."""
+
+    op: ClassVar[str] = "release"
+
+
+@message
+@dataclasses.dataclass(frozen=True)
+class Hold(Message):
+    """Send nothing but replies until ``Resume`` (the supervisor is about to re-execute
+    itself); answered with ``Done``."""
+
+    op: ClassVar[str] = "hold"
+
+
+@message
+@dataclasses.dataclass(frozen=True)
+class Resume(Message):
+    """Send what ``Hold`` kept back, then a ``Snapshot``: a new supervisor image listens."""
+
+    op: ClassVar[str] = "resume"
+
+
 # --- shard → supervisor ------------------------------------------------------------------------
 @message
 @dataclasses.dataclass(frozen=True)
 class Ready(Message):
     op: ClassVar[str] = "ready"
+    pid: int
+    version: str = ""  # the pynsqd the shard runs (a reload or an upgrade changes it)
+
+
+@message
+@dataclasses.dataclass(frozen=True)
+class Standby(Message):
+    """A replacement shard booted and waits for its predecessor's ``Handover``."""
+
+    op: ClassVar[str] = "standby"
     pid: int
 
 
@@ -250,6 +304,18 @@ class Proxy(Message):
 
 
 # --- both ways ---------------------------------------------------------------------------------
+@message
+@dataclasses.dataclass(frozen=True)
+class Handover(Message):
+    """Part ``part`` of a replaced shard's state (``shard/transfer.py``: ``doc`` is its
+    encoding; the descriptors are the connections it names); ``last`` ends it."""
+
+    op: ClassVar[str] = "handover"
+    part: int
+    last: bool
+    doc: bytes = b""
+
+
 @message
 @dataclasses.dataclass(frozen=True)
 class StatsRequest(Message):

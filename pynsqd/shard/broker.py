@@ -19,9 +19,17 @@ The scan's work follows what is active, not how many topics and channels there a
 visits only the channels in ``_timed`` (added by ``Channel.on_timers`` when one gets
 something in flight or deferred, dropped by the scan once ``has_timers`` is false), the
 topics in ``_retrying`` (added by ``Topic.on_retry`` when a hand-on fails, dropped once the
-retry succeeded) and the disk queues in ``Syncer.unsynced``. A deleted topic or channel is
+retry succeeded) and the disk queues in ``Syncer.unsynced``; each scan checks the read
+deadline of a tenth of the clients (``CLIENT_PARTS``, each once a second: the deadline is two
+heartbeat intervals, 2 s at least), so 10,000 idle connections cost a thousand checks a scan,
+not ten thousand, and the write deadline of every client whose writes are paused (``stuck``:
+a pause shorter than the next check must not hide a longer one). A deleted topic or channel is
 dropped when the scan next meets it. An idle node with thousands of topics thus scans
 nothing but its clients.
+
+A topic or channel whose shared-memory log a previous process left is adopted in steps while
+the shard serves (``recovery.py``): ``restore`` recovers ``BOOT`` records' worth at once, the
+loop the rest.
 
 Publishing turns bodies into encoded messages (``pynsqd.wire.message``): one wall-clock
 read and one batch of ids per PUB/MPUB.
@@ -41,16 +49,18 @@ from pynsqd.options import MS
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import Backend, DropBackend, MessageQueue
+from pynsqd.shard.recovery import BOOT, Recovery, match_channels, recover_channel, recover_topic
 from pynsqd.shard.syncer import Syncer
 from pynsqd.shard.topic import Topic
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.shm.log import MessageLog
 from pynsqd.shm.ring import buffer_size
-from pynsqd.wire.message import HEADER, IdFactory
+from pynsqd.wire.message import TS_ATTEMPTS, IdFactory
 
 log = logging.getLogger("pynsqd.shard")
 
 SCAN_INTERVAL = 0.1  # seconds, nsqd's QueueScanInterval
+CLIENT_PARTS = 10  # each scan checks the deadlines of one part of the clients: each once a second
 
 
 class BrokerError(Exception):
@@ -77,6 +87,10 @@ class Router(Protocol):
 
     def forward(self, topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> None: ...
 
+    def catch_up(self) -> None:
+        """Store what the inbound rings hold that was sent before now: this shard is about to
+        store a publish it received itself (``shard/inbound.py``)."""
+
     def relay(self, client: Any, owner: int, unread: bytes) -> None: ...
 
 
@@ -100,6 +114,7 @@ class Broker:
         self.start_time = self.start_ns // 1_000_000_000
         self.health = "OK"
         self.exiting = False
+        self.frozen = False  # being handed over to a replacement: no pump runs (``hand_over``)
         self._backend_factory = backend_factory or (lambda name, ephemeral: DropBackend())
         self._queue_factory = queue_factory or self._process_queue
         self._dirty: dict[Any, None] = {}
@@ -109,6 +124,9 @@ class Broker:
         # part; its retry passes the same list and resumes after them (``_forward``)
         self._partial: dict[int, tuple[list[bytes], int]] = {}
         self._pump_handle: asyncio.Handle | None = None
+        self._scan_turn = 0
+        self.stuck: set[Any] = set()  # clients whose writes are paused: checked every scan
+        self._checking: list[Any] = []  # the clients whose deadlines this second's scans check
         self._scan_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # ("created" | "deleted", topic, channel or None) for every topic/channel change
@@ -116,6 +134,10 @@ class Broker:
         self.syncer: Syncer | None = None  # disk-queue syncs off the loop, once started
         self.on_scan: Callable[[], None] | None = None  # after every scan: the shard's heartbeat
         self.on_fatal: Callable[[], None] | None = None  # the scan failed: take the process down
+        self.recovery = Recovery()  # the logs a previous process left, adopted in steps
+        # (kind, queue name) -> ``MessageQueue.export`` of a process this shard replaces: such a
+        # queue is taken over as it was instead of recovered (``transfer.py``)
+        self.adopted: dict[tuple[str, str], dict[str, Any]] = {}
 
     # --- the loop-driven machinery --------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -127,6 +149,7 @@ class Broker:
             for channel in topic.channels.values():
                 self._attach(channel.queue.backend)
         self._scan_handle = loop.call_later(SCAN_INTERVAL, self._scan)
+        self.recovery.start(loop)
 
     def _attach(self, backend: Backend) -> None:
         if self.syncer is not None and isinstance(backend, DiskQueue):
@@ -140,6 +163,8 @@ class Broker:
 
     def _run_pumps(self) -> None:
         self._pump_handle = None
+        if self.frozen:
+            return
         dirty = self._dirty
         self._dirty = {}
         now = time.monotonic_ns()
@@ -186,7 +211,13 @@ class Broker:
                 self.schedule(topic)
         if self.syncer is not None:
             self.syncer.scan(now)
-        for client in list(self.clients):
+        part = self._scan_turn % CLIENT_PARTS
+        self._scan_turn += 1
+        if not part:
+            self._checking = list(self.clients)
+        for client in self._checking[part::CLIENT_PARTS]:
+            client.check_deadlines(now)
+        for client in list(self.stuck):
             client.check_deadlines(now)
 
     def _watch_timers(self, channel: Channel) -> None:
@@ -214,8 +245,12 @@ class Broker:
             topic = Topic(name, queue, self.schedule, self._watch_retry)
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
-            if queue.recovering and topic.recover():
-                log.info("TOPIC(%s): recovered %d messages", name, topic.depth)
+            adopted = self.adopted.pop(("topic", name), None)
+            if adopted is not None:
+                queue.adopt(adopted)
+            elif queue.recovering:
+                topic.start_recovery()
+                self.recovery.add(recover_topic(topic))
             self._changed("created", name, None)
         return topic
 
@@ -232,8 +267,14 @@ class Broker:
                                             self.opts.e2e_processing_latency_percentile)
             topic.add_channel(channel)
             log.info("TOPIC(%s): new channel(%s)", topic.name, name)
-            if queue.recovering:
-                log.info("CHANNEL(%s): recovered %d messages", queue_name, channel.recover())
+            adopted = self.adopted.pop(("channel", queue_name), None)
+            if adopted is not None:
+                queue.adopt(adopted)
+            elif queue.recovering:
+                channel.start_recovery()
+                self.recovery.add(recover_channel(channel))
+                if not topic.matching:
+                    self.recovery.add(match_channels(topic))
                 topic.recovered_channel(channel)
             self._changed("created", topic.name, name)
         return channel
@@ -308,19 +349,22 @@ class Broker:
         when the topic's owner is another shard whose inbound ring is full."""
         if self.exiting:
             raise BrokerError("exiting")
-        prefix = HEADER.pack(time.time_ns(), 0, b"")[:10]
         if len(bodies) == 1:  # PUB and HTTP /pub: no comprehension for one message
-            records = [prefix + self.ids.next_id() + bodies[0]]
-            size = len(bodies[0])
+            body = bodies[0]
+            records = [self.ids.next_record(TS_ATTEMPTS.pack(time.time_ns(), 0), body)]
+            size = len(body)
         else:
-            records = self.ids.next_records(prefix, bodies)
+            records = self.ids.next_records(TS_ATTEMPTS.pack(time.time_ns(), 0), bodies)
             size = sum(map(len, bodies))
-        router = self._remote(topic_name)
+        topic = self.topics.get(topic_name)  # only this shard's own topics are in ``topics``
+        router = self.router
         if router is not None:
-            self._forward(router, topic_name, bodies, records, size)
-            return
+            if topic is None and router.owner(topic_name) != self.shard:
+                self._forward(router, topic_name, bodies, records, size)
+                return
+            router.catch_up()  # publishes acknowledged before this one was received go first
         try:
-            self.get_topic(topic_name).put_many(records, size)
+            (topic or self.get_topic(topic_name)).put_many(records, size)
         except OSError as exc:
             self.health = f"NOK - {exc}"
             raise BrokerError(str(exc)) from exc
@@ -351,15 +395,22 @@ class Broker:
                     del self._partial[next(iter(self._partial))]
             raise
 
+    def stored_in_part(self, bodies: object) -> bool:
+        """``bodies`` (a publish's list) is a cross-shard batch stored in part, whose retry
+        must resume after what is stored (``_forward``)."""
+        return id(bodies) in self._partial
+
     def publish_deferred(self, topic_name: str, body: bytes, delay_ms: int) -> None:
         """DPUB: deliver ``body`` after ``delay_ms``. Raises ``BrokerError``."""
         if self.exiting:
             raise BrokerError("exiting")
-        record = HEADER.pack(time.time_ns(), 0, self.ids.next_id()) + body
-        router = self._remote(topic_name)
+        record = self.ids.next_record(TS_ATTEMPTS.pack(time.time_ns(), 0), body)
+        router = self.router
         if router is not None:
-            router.forward(topic_name, [record], len(body), delay_ms * MS)
-            return
+            if router.owner(topic_name) != self.shard:
+                router.forward(topic_name, [record], len(body), delay_ms * MS)
+                return
+            router.catch_up()
         topic = self.get_topic(topic_name)
         try:  # a full log journals the message on disk first (``MessageQueue.append``)
             topic.put_deferred(record, delay_ms * MS, time.monotonic_ns(), len(body))
@@ -380,7 +431,9 @@ class Broker:
                 for t in topics]
 
     def restore(self, topics: list[TopicRecord]) -> None:
-        """Recreate topics and channels from ``nsqd.dat`` (no change notifications)."""
+        """Recreate topics and channels from ``nsqd.dat`` (no change notifications), and
+        recover up to ``BOOT`` records of the logs a previous process left (the rest while
+        serving, once ``start`` ran)."""
         notify, self.on_change = self.on_change, None
         try:
             for name, paused, channels in topics:
@@ -391,6 +444,32 @@ class Broker:
                 topic.paused = paused
         finally:
             self.on_change = notify
+        self.recovery.run(BOOT)
+
+    # --- a replacement process carries on (``transfer.py``) --------------------------------
+    def hand_over(self) -> None:
+        """Stop, and leave every queue for a replacement process of this host to carry on
+        (``MessageQueue.hand_over``): no record moves, no segment is removed."""
+        self.frozen = self.exiting = True
+        if self._scan_handle is not None:
+            self._scan_handle.cancel()
+        if self._pump_handle is not None:
+            self._pump_handle.cancel()
+        if self.syncer is not None:
+            self.syncer.close()  # waits for a sync running on the worker thread
+        for topic in self.topics.values():
+            for channel in topic.channels.values():
+                channel.queue.hand_over()
+            topic.queue.hand_over()
+
+    def sync_all(self) -> None:
+        """Ask for a sync of every disk queue now (on the syncer's worker thread)."""
+        if self.syncer is None:
+            return
+        for topic in self.topics.values():
+            for queue in (topic.queue, *(c.queue for c in topic.channels.values())):
+                if isinstance(queue.backend, DiskQueue):
+                    self.syncer.request(queue.backend)
 
     # --- shutdown -------------------------------------------------------------------------
     def close(self) -> None:
@@ -400,6 +479,7 @@ class Broker:
             self._scan_handle.cancel()
         if self._pump_handle is not None:
             self._pump_handle.cancel()
+        self.recovery.stop()
         if self.syncer is not None:
             self.syncer.close()  # the queues below sync inline as they close
         for topic in list(self.topics.values()):

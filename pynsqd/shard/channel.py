@@ -8,8 +8,11 @@ comes due, the channel is unpaused), the channel asks its owner to ``schedule`` 
 owner runs each scheduled pump once per event-loop turn, however many publishes arrived, so
 a burst of PUBs costs one pump. A pump walks the consumers round-robin, starting one further
 each time, and hands each ready consumer up to its free capacity (RDY minus in flight) in
-chunks of ``CHUNK``, so several consumers of one channel share the messages as nsqd's
-competing message pumps do. One pump hands out at most ``PUMP_BUDGET`` messages and then
+chunks of ``CHUNK`` (fewer when messages are large: about ``CHUNK_BYTES`` a chunk, judged
+by the last one, so 1 MiB messages go one at a time and the connection's flow control stops
+them), so several consumers of one channel share the messages as nsqd's
+competing message pumps do. One pump hands out at most ``PUMP_BUDGET`` messages (16 chunks'
+bytes) and then
 schedules itself for the next turn: a consumer that reads as fast as it is sent to with a
 large RDY (a Spark source holds 300k in flight) would otherwise keep the loop in one pump for
 over a second, and FINs, other clients, ``/stats`` and the heartbeat wait behind it.
@@ -22,7 +25,7 @@ Every message of the channel has a record in its shared-memory log (``MessageQue
 flight and writes the attempts in place, REQ and timeouts mark it ready again in place,
 REQ with a delay marks it deferred with its wall-clock due time, FIN marks it done. The
 in-memory tables below (``in_flight``, ``deferred``) hold each record's position; a
-restarted process rebuilds them from the log (``recover``).
+restarted process rebuilds them from the log in steps while it serves (``recover_step``).
 
 The hot path works per batch, never per message object: a delivery of up to ``CHUNK``
 messages walks the log once (``MessageQueue.deliver``: mark in flight, count attempts, and
@@ -46,6 +49,7 @@ from pynsqd.shard.consumer import Consumer
 from pynsqd.shard.inflight import NO_IDS, DeferredQueue, Delivery, TimeoutWheel
 from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import MessageQueue
+from pynsqd.shard.unit import Unit
 from pynsqd.shm.log import DEFERRED, IN_FLIGHT
 from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, ID_OFFSET
 from pynsqd.wire.names import is_ephemeral
@@ -54,6 +58,7 @@ log = logging.getLogger("pynsqd.shard")
 
 CHUNK = 256  # messages handed to one consumer per turn of a pump
 PUMP_BUDGET = 16 * CHUNK  # messages one pump hands out before it yields the loop
+CHUNK_BYTES = 1 << 20  # ... and bytes: a chunk is cut to about this many, a pump to 16 of them
 
 _unpack_attempts = ATTEMPTS.unpack_from
 
@@ -88,6 +93,7 @@ class Channel:
         self.e2e: LatencyWindow | None = None  # set when e2e percentiles are configured
         self._schedule = schedule
         self._turn = 0
+        self._chunk = CHUNK  # messages of the next chunk: fewer when the last one's were large
         # told when the channel gets timers (something in flight or deferred): the owner's
         # scan then calls ``process_timers`` until ``has_timers`` is false
         self.on_timers = on_timers
@@ -96,16 +102,29 @@ class Channel:
     def __repr__(self) -> str:
         return f"<Channel {self.topic_name}:{self.name}>"
 
-    def recover(self) -> int:
-        """Adopt the log a previous process left (ready and in-flight messages are ready,
-        deferred ones wait for their due time). Returns the number of live messages."""
+    def start_recovery(self) -> None:
+        """Adopt the log a previous process left (``MessageQueue.start_recovery``); then
+        ``recover_step`` until ``queue.scanning`` is false (``shard/recovery.py``)."""
+        self._recovered_deferred(self.queue.start_recovery())
+
+    def recover_step(self, max_count: int) -> int:
+        """Recover up to ``max_count`` more records of the log: in-flight and ready ones are
+        delivered again, deferred ones wait for their due time. Returns the records walked."""
+        queue = self.queue
+        scan = queue.scan
+        walked = scan.walked if scan is not None else 0
+        self._recovered_deferred(queue.recover_step(max_count))
+        if queue.ready and self.consumers:
+            self._schedule(self)
+        return (scan.walked - walked) if scan is not None else 0
+
+    def _recovered_deferred(self, found: list[tuple[int, int, bytes]]) -> None:
         now_mono, now_wall = time.monotonic_ns(), time.time_ns()
-        for pos, due_wall, record in self.queue.recover():
+        for pos, due_wall, record in found:
             self.deferred.push(now_mono + max(0, due_wall - now_wall), record)
             self.deferred_at[record[ID_OFFSET:ID_OFFSET + 16]] = pos
-        if self.deferred_at:
+        if found:
             self._timers_added()
-        return self.queue.ready + len(self.deferred_at) + self.queue.backend_depth
 
     def _moved(self, old: int, new: int, state: int, record: bytes) -> None:
         """The log moved a live record (to free its front)."""
@@ -120,23 +139,27 @@ class Channel:
         self.queue.finish(new)  # nothing refers to it (a duplicate): drop the copy
 
     # --- messages in ----------------------------------------------------------------------
-    def put_many(self, records: Sequence[bytes]) -> None:
-        """Queue published messages (raises the backend's error when it cannot store them)."""
-        self.queue.put_many(records)
+    def put_many(self, records: Sequence[bytes], unit: Unit | None = None) -> None:
+        """Queue published messages (raises the backend's error when it cannot store them);
+        ``unit``: they are a cross-shard batch's (``MessageQueue.put_many``)."""
+        self.queue.put_many(records, unit)
         self.message_count += len(records)
         if self.consumers:
             self._schedule(self)
 
-    def put_deferred(self, record: bytes, due: int) -> None:
+    def put_deferred(self, record: bytes, due: int, unit: Unit | None = None) -> None:
         """Hold ``record`` until ``due`` (monotonic ns); its record in the log keeps the
-        wall-clock due time."""
-        self._defer(record, due, None)
+        wall-clock due time. ``unit``: it is a cross-shard batch's, skipped when this
+        channel holds it already (``shard/unit.py``)."""
+        if unit is not None and self.queue.tally.skip(unit, 1):
+            return
+        self._defer(record, due, None, unit)
         self.message_count += 1
 
-    def _defer(self, record: bytes, due: int, pos: int | None) -> None:
+    def _defer(self, record: bytes, due: int, pos: int | None, unit: Unit | None = None) -> None:
         wall = due - time.monotonic_ns() + time.time_ns()
         if pos is None:
-            pos = self.queue.append(record, DEFERRED, wall)
+            pos = self.queue.append(record, DEFERRED, wall, unit)
             if pos is None:  # no room in shared memory: journaled on disk, held in memory
                 log.warning("%r: shared memory full; a deferred message is held in memory", self)
                 pos = -1
@@ -192,8 +215,9 @@ class Channel:
         start = self._turn % count
         self._turn += 1
         budget = PUMP_BUDGET
+        byte_budget = 16 * CHUNK_BYTES
         while len(queue):
-            if budget <= 0:  # more to hand out: the rest next turn, after other work
+            if budget <= 0 or byte_budget <= 0:  # more to hand out: the rest next turn, after other work
                 self._schedule(self)
                 return
             moved = 0
@@ -202,9 +226,15 @@ class Channel:
                 room = client.capacity()
                 if room <= 0:
                     continue
-                n = self._deliver(client, min(room, CHUNK), now)
+                out = client.output()
+                before = len(out)
+                n = self._deliver(client, min(room, self._chunk), now)
                 if not n:
                     return
+                size = len(out) - before
+                if size > 0:  # (a sampled delivery writes elsewhere)
+                    self._chunk = max(1, min(CHUNK, CHUNK_BYTES * n // size))
+                    byte_budget -= size
                 moved += n
             if not moved:
                 return
@@ -388,16 +418,29 @@ class Channel:
 
     # --- admin ----------------------------------------------------------------------------
     def empty(self) -> None:
-        """Drop every message: queued, in flight and deferred (``/channel/empty``)."""
+        """Drop every message: queued, in flight and deferred (``/channel/empty``). A FIN,
+        REQ or TOUCH of a message that was in flight fails as nsqd's does ("ID not in
+        flight")."""
         self.queue.empty()
+        self._forget()
+        for client in self.consumers:
+            client.on_channel_timers()
+
+    def _forget(self) -> list[tuple[int, bytes]]:
+        """Drop what is in flight and deferred from the tables (the log keeps or loses the
+        records themselves): nothing refers to a log position any more, so no later FIN,
+        REQ, TOUCH, timeout or consumer leaving touches the log. Returns the deferred
+        messages held only in memory, as (due monotonic ns, record)."""
+        deferred_at = self.deferred_at
+        memory_only = [(due, record) for due, record in self.deferred.drain()
+                       if deferred_at.get(record[ID_OFFSET:ID_OFFSET + 16], -1) < 0]
+        deferred_at.clear()
         self.in_flight.clear()
         self.in_flight_pos.clear()
         self.timeouts.clear()
-        self.deferred.drain()
-        self.deferred_at.clear()
         for client in self.consumers:
             client.in_flight_count = 0
-            client.on_channel_timers()
+        return memory_only
 
     def pause(self) -> None:
         self.paused = True
@@ -411,23 +454,63 @@ class Channel:
         (in flight ones with their attempts, deferred ones with their due times): on disk
         for a durable channel, in shared memory otherwise (``MessageQueue.close``)."""
         self.deleted = delete
-        if delete:
-            for client in list(self.consumers):
+        # In-flight and deferred records are in the log as they are; only deferred messages
+        # that found no room in shared memory are handed to the queue separately.
+        memory_only = self._forget()
+        if delete:  # as nsqd: its consumers are disconnected, what they held is gone
+            consumers, self.consumers = self.consumers, []
+            for client in consumers:
                 client.close_for_channel_delete()
             self.queue.close(delete=True)
             return
-        # In-flight and deferred records are in the log as they are; only deferred messages
-        # that found no room in shared memory are handed to the queue separately.
         offset = time.time_ns() - time.monotonic_ns()
-        memory_only = [(due + offset, record) for due, record in self.deferred.drain()
-                       if self.deferred_at.get(record[ID_OFFSET:ID_OFFSET + 16], -1) < 0]
-        self.deferred_at.clear()
-        self.in_flight.clear()
-        self.in_flight_pos.clear()
-        self.timeouts.clear()
-        for client in self.consumers:
-            client.in_flight_count = 0
-        self.queue.close(deferred=memory_only)
+        self.queue.close(deferred=[(due + offset, record) for due, record in memory_only])
+
+    # --- a shard's replacement (``transfer.py``) --------------------------------------------
+    def deliveries(self) -> list[tuple[Consumer, int, int, list[bytes], list[int]]]:
+        """What is in flight, one entry per delivery: (consumer, delivered, deadline, ids,
+        log positions)."""
+        groups: dict[int, tuple[Delivery, list[bytes], list[int]]] = {}
+        positions = self.in_flight_pos
+        for msg_id, delivery in self.in_flight.items():
+            group = groups.get(id(delivery))
+            if group is None:
+                group = groups[id(delivery)] = (delivery, [], [])
+            group[1].append(msg_id)
+            group[2].append(positions[msg_id])
+        return [(d.client, d.delivered, d.deadline, ids, pos) for d, ids, pos in groups.values()]
+
+    def deferred_entries(self) -> list[tuple[bytes, int, int, bytes]]:
+        """What waits for a due time: (id, log position or -1, due monotonic ns, message)."""
+        at = self.deferred_at
+        return [(record[ID_OFFSET:ID_OFFSET + 16], at.get(record[ID_OFFSET:ID_OFFSET + 16], -1), due, record)
+                for due, record in self.deferred.items()]
+
+    def adopt_deferred(self, entries: list[tuple[bytes, int, int, bytes | None]]) -> None:
+        """``deferred_entries`` of the process this channel was handed over from (a message
+        with a log position is read from the log)."""
+        for msg_id, pos, due, record in entries:
+            self.deferred.push(due, record if record is not None else self.queue.message_at(pos))
+            self.deferred_at[msg_id] = pos
+        if entries:
+            self._timers_added()
+
+    def hold_again(self, client: Consumer, ids: list[bytes], positions: list[int], delivered: int,
+                   deadline: int) -> int:
+        """Hold messages in flight at ``client`` with the deadline the process this channel
+        was handed over from gave them (``deliveries``; its queue was adopted as it was left,
+        ``MessageQueue.adopt``); returns how many were found in flight there."""
+        kept = [(msg_id, pos) for msg_id, pos in zip(ids, positions) if self.queue.holds(pos, msg_id)]
+        if not kept:
+            return 0
+        delivery = Delivery([msg_id for msg_id, _ in kept], client, delivered, deadline)
+        self.timeouts.add(delivery)
+        self.in_flight.update(dict.fromkeys(delivery.ids, delivery))
+        self.in_flight_pos.update(kept)
+        client.in_flight_count += len(kept)
+        if not self.timed:
+            self._timers_added()
+        return len(kept)
 
     # --- stats ----------------------------------------------------------------------------
     @property

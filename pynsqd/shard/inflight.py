@@ -126,6 +126,10 @@ class DeferredQueue:
             out.append(heapq.heappop(heap)[2])
         return out
 
+    def items(self) -> list[tuple[int, bytes]]:
+        """Everything as ``(due, record)``, soonest first, kept."""
+        return [(due, record) for due, _, record in sorted(self._heap)]
+
     def drain(self) -> list[tuple[int, bytes]]:
         """Remove and return everything as ``(due, record)``, soonest first."""
         items = sorted(self._heap)

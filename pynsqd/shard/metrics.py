@@ -119,6 +119,10 @@ def labelled_text(stats: dict[str, Any]) -> str:
 _SUPERVISOR = [  # (key of the "supervisor" stats object, metric name, kind, help)
     ("shards", "nsq_supervisor_shards", "gauge", "Shard processes of the node"),
     ("shard_restarts", "nsq_supervisor_shard_restarts", "counter", "Shard processes restarted"),
+    ("reloads", "nsq_supervisor_reloads", "counter", "Rolling restarts completed (SIGHUP)"),
+    ("shards_replaced", "nsq_supervisor_shards_replaced", "counter",
+     "Shard processes replaced by a new one, connections and state handed over, by rolling restarts"),
+    ("upgrades", "nsq_supervisor_upgrades", "counter", "Times the supervisor re-executed itself (SIGUSR2)"),
     ("handoffs", "nsq_supervisor_handoffs", "counter", "TCP connections handed to a shard"),
     ("http_handoffs", "nsq_supervisor_http_handoffs", "counter", "HTTP and HTTPS connections handed to a shard"),
     ("relays", "nsq_supervisor_relays", "counter", "Connections relayed from one shard to another"),

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import socket
 import ssl
 import struct
@@ -100,6 +101,8 @@ class ClientV2(V2Commands, asyncio.Protocol):
         self._last_read = time.monotonic_ns()
         self._write_paused_at = 0
         self._closing = False
+        self._batching = False  # commands of one read are running: responses wait in ``_out``
+        self._responded = False  # ... and one did: flush when they are done
 
     def __repr__(self) -> str:
         return f"<ClientV2 {self.remote_address}>"
@@ -119,6 +122,8 @@ class ClientV2(V2Commands, asyncio.Protocol):
         handoff, self._handoff = self._handoff, None
         if handoff is not None:
             self._adopt(*handoff)
+        if self._out:  # frames a replaced shard had not written yet (``restore_session``)
+            self._flush()
         self._arm_heartbeat()
         log.debug("TCP: new client(%s)", self.remote_address)
         if handoff is not None and handoff[1]:
@@ -196,6 +201,17 @@ class ClientV2(V2Commands, asyncio.Protocol):
         self._run_events()
 
     def _run_events(self) -> None:
+        """Run the commands read so far; their responses go out in one write at the end."""
+        self._batching = True
+        try:
+            self._run_commands()
+        finally:
+            self._batching = False
+            if self._responded:
+                self._responded = False
+                self._flush()
+
+    def _run_commands(self) -> None:
         events = self._events
         while events and not self._suspended and not self._stalled and not self._closing:
             event = events.popleft()
@@ -229,6 +245,7 @@ class ClientV2(V2Commands, asyncio.Protocol):
             except Relayed as relayed:
                 assert self.broker.router is not None
                 events.appendleft(event)
+                self._flush()  # the answers before it, ahead of the relayed stream
                 self.broker.router.relay(self, relayed.owner, self.pending_input(events))
                 return
             except ProtocolError as exc:
@@ -269,6 +286,7 @@ class ClientV2(V2Commands, asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self.broker.clients.discard(self)
+        self.broker.stuck.discard(self)
 
     def _input_pending(self) -> bool:
         return bool(self._events) or bool(self._parser.buffered)
@@ -286,6 +304,7 @@ class ClientV2(V2Commands, asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self.broker.clients.discard(self)
+        self.broker.stuck.discard(self)
         channel = self.channel
         if channel is not None:
             channel.remove_consumer(self, time.monotonic_ns())
@@ -294,11 +313,13 @@ class ClientV2(V2Commands, asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused_at = time.monotonic_ns()
+        self.broker.stuck.add(self)
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._write_paused_at = 0
+        self.broker.stuck.discard(self)
         if self.transport is not None and not self._closing and not self._suspended and not self._stalled:
             self.transport.resume_reading()
         if self.channel is not None:
@@ -306,10 +327,14 @@ class ClientV2(V2Commands, asyncio.Protocol):
 
     # --- writing --------------------------------------------------------------------------
     def _send(self, frame: bytes) -> None:
-        """Write a response/error frame now, behind any buffered messages."""
+        """Write a response/error frame now, behind any buffered messages (or, while a read's
+        commands run, once they have all run: one write for a pipelining client)."""
         if self.transport is None or self._closing:
             return
-        if self._out or self._suspended:
+        if self._batching:
+            self._out += frame
+            self._responded = True
+        elif self._out or self._suspended:
             self._out += frame
             self._flush()
         else:
@@ -415,9 +440,65 @@ class ClientV2(V2Commands, asyncio.Protocol):
         self._send(HEARTBEAT_FRAME)
         self._arm_heartbeat()
 
+    # --- a shard's replacement (``transfer.py``) --------------------------------------------
+    @property
+    def movable(self) -> bool:
+        """Everything this connection is can move to another process now: its transport is
+        plain (a relayed connection's TLS and compression stay on the relaying shard), no
+        upgrade or auth query runs, nothing waits in the transport to be written, and it is
+        not retrying a batch already stored in part (only this process knows which part)."""
+        transport = self.transport
+        return (transport is not None and not self._closing and not self._suspended and self._decoder is None
+                and not self._parser.failed and not isinstance(transport, CompressedTransport)
+                and transport.get_extra_info("ssl_object") is None and not transport.get_write_buffer_size()
+                and not any(isinstance(e, ProtocolError) or self.broker.stored_in_part(e[2]) for e in self._events))
+
+    def freeze(self) -> None:
+        """Read nothing more here (the shard is being replaced)."""
+        if self.transport is not None and not self._closing:
+            self.transport.pause_reading()
+
+    def hand_over(self) -> tuple[int, ConnectionState, dict[str, Any], bytes, bytes]:
+        """Stop serving this (``movable``) connection here, keeping the connection open, and
+        return what a replacement needs to carry on: a duplicate of its descriptor, its
+        state, its session (``restore_session``), the message frames not written yet and the
+        bytes read but not yet run. The caller took it out of its channel's consumers."""
+        assert self.transport is not None
+        fd = os.dup(self.transport.get_extra_info("socket").fileno())
+        unread = self.pending_input(self._events) + self._unreplayed
+        state = self.relay_state()
+        if len(self._magic) < 4:
+            state = dataclasses.replace(state, magic=False)
+            unread = self._magic + unread
+        channel = self.channel
+        session = {"state": self.state, "topic": channel.topic_name if channel else "",
+                   "channel": channel.name if channel else "", "rdy": self.rdy,
+                   "message_count": self.message_count, "finish_count": self.finish_count,
+                   "requeue_count": self.requeue_count, "connect_ts": self.connect_ts, "last_read": self._last_read}
+        out = bytes(self._out)
+        self.channel = None
+        self.detach()
+        self.transport.abort()  # closes this process's descriptor only
+        return fd, state, session, out, unread
+
+    def restore_session(self, state: ConnectionState, session: dict[str, Any], out: bytes) -> None:
+        """Before the connection is made here: carry on from ``hand_over`` of a replaced
+        shard (the caller subscribes it to its channel again)."""
+        if state.settings is not None:
+            self.settings = state.settings
+        self.state = int(session["state"])
+        self.rdy = int(session["rdy"])
+        self.message_count = int(session["message_count"])
+        self.finish_count = int(session["finish_count"])
+        self.requeue_count = int(session["requeue_count"])
+        self.connect_ts = int(session["connect_ts"])
+        self._last_read = int(session["last_read"])
+        self._out = bytearray(out)
+
     # --- suspending the command stream: upgrades and auth queries --------------------------
     def _suspend(self, work: Coroutine[Any, Any, None]) -> None:
         """Hold commands and output until ``work`` (a coroutine) is done, then carry on."""
+        self._flush()  # what was answered before goes out first (an IDENTIFY before its TLS)
         self._suspended = True
         assert self.transport is not None
         self.transport.pause_reading()
@@ -462,6 +543,7 @@ class ClientV2(V2Commands, asyncio.Protocol):
 
     def _compress(self, name: str, level: int) -> None:
         assert self.transport is not None
+        self._flush()  # the IDENTIFY response, uncompressed
         log.info("PROTOCOL(V2): [%s] upgrading connection to %s", self.remote_address, name)
         codec = make_codec(name, level)
         self.transport = cast(asyncio.Transport, CompressedTransport(self.transport, codec))

@@ -4,9 +4,12 @@ messages (grown to hold them, within its ceiling: ``pynsqd.shm.sizing``), then a
 ``MessageQueue`` owns one ``pynsqd.shm.log.MessageLog`` (in a shared-memory segment, so it
 outlives the process) and the backend that takes what the log cannot hold: a disk queue for
 durable names, or ``DropBackend`` for ``#ephemeral`` ones, which drops the overflow as NSQ
-does. As in nsqd, order between the log and the backend is not strict: consumers are served
-from the log first; spilled messages are moved back into the log before they are delivered,
-so every message in flight or deferred has a record in shared memory.
+does. The queue is one FIFO across the two: while the backend holds messages, new ones go
+behind them (to the backend too), even when the log has room again, because consumers are
+served from the log first and the backend is read only once the log has nothing ready
+(nsqd's random select between its memory channel and its disk queue gives no order here;
+pynsqd keeps publish order). Spilled messages are moved back into the log before they are
+delivered, so every message in flight or deferred has a record in shared memory.
 
 Counts kept here (the log itself only knows bytes): ``ready`` (READY records in the log),
 ``live`` (records not DONE). ``take`` walks a delivery cursor over the log;
@@ -21,16 +24,24 @@ unlinked only once its records are on disk, so a kill -9 in between gives duplic
 loss, and a reboot after a clean stop loses nothing. A deferred message
 that finds no room in the log while the process runs is appended to the queue's journal
 (``pynsqd.shm.sidecar``) before it is acknowledged; the owner holds it in memory and the
-journal goes once all of its messages are stored elsewhere. ``recover`` loads the sidecar
-and the journal back as deferred records (after the segment's own, if one was left).
+journal goes once all of its messages are stored elsewhere. After a restart the owner adopts
+the log in steps while it serves (``start_recovery``, then ``recover_step`` until it says
+done: ``pynsqd.shm.logrecovery`` says what holds meanwhile); ``start_recovery`` loads the
+sidecar and the journal back as deferred records (after the segment's own records).
 Spilled messages are read back with the backend's peek, stored in the log, then committed;
 when fewer fit than were read, only those are committed and the rest stay on disk, at the
 front, to be read again (nothing is written back, so a failing disk cannot lose them).
 The disk queue persists its read position only when it syncs, so the queue keeps it in its
 segment too (``pynsqd.shm.store.BackendMark``): before each append of a refill, the position
-past it with the log's write index; after the commit, the committed position. ``recover``
-hands the backend the position that matches the log (``DiskQueue.skip_to``), so a kill -9
-at any point reads no refilled message a second time.
+past it with the log's write index; after the commit, the committed position. The end of
+the recovery hands the backend the position that matches the log (``DiskQueue.skip_to``), so
+a kill -9 at any point reads no refilled message a second time.
+
+A cross-shard batch (``put_many`` or ``append`` with a ``Unit``) may be applied again: the
+queue skips the messages of it that it holds (``shard/unit.py``: its ``Tally``, kept in its
+segment too by ``store.ApplyMark``, opened just before an append and closed after it).
+``start_recovery`` adds what an append the crash interrupted put in the log (past its write
+index then), the disk queue (past its write position then) or the journal (past its size).
 """
 
 from __future__ import annotations
@@ -38,13 +49,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Container, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
+from pynsqd.shard.unit import Tally, Unit
 from pynsqd.shm import sidecar as sidecar_file
-from pynsqd.shm.frames import Frames
-from pynsqd.shm.log import DEFERRED, DONE, READY, READY_HEADER, MessageLog
+from pynsqd.shm.frames import Frames, RingError
+from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, READY_HEADER, MessageLog
+from pynsqd.shm.logrecovery import Deferred, LogScan
 from pynsqd.shm.segment import Segment
-from pynsqd.shm.store import BackendMark, Position, open_log
+from pynsqd.shm.store import ApplyMark, BackendMark, Position, open_log
 
 logger = logging.getLogger("pynsqd.shard")
 
@@ -62,9 +75,13 @@ class Backend(Protocol):
     @property
     def committed_position(self) -> Position | None: ...
     def skip_to(self, position: Position) -> int: ...
+    @property
+    def write_position(self) -> Position: ...
+    def records_after(self, position: Position) -> int: ...
     def empty(self) -> None: ...
     def delete(self) -> None: ...
     def close(self) -> None: ...
+    def release(self) -> None: ...
 
 
 class DropBackend:
@@ -89,6 +106,11 @@ class DropBackend:
     def skip_to(self, position: Position) -> int:
         return 0
 
+    write_position = (0, 0)
+
+    def records_after(self, position: Position) -> int:
+        return 0
+
     def empty(self) -> None:
         pass
 
@@ -96,6 +118,9 @@ class DropBackend:
         pass
 
     def close(self) -> None:
+        pass
+
+    def release(self) -> None:
         pass
 
 
@@ -109,8 +134,9 @@ class MessageQueue:
     """Ready messages in a shared-memory log, then the backend. ``put_many`` may raise the
     backend's error (then nothing was stored)."""
 
-    __slots__ = ("_done", "_mark", "again", "backend", "cursor", "grow", "journal", "journaled", "largest", "limit",
-                 "live", "log", "on_move", "ready", "recovering", "segment", "sidecar")
+    __slots__ = ("_applied", "_done", "_mark", "again", "backend", "cursor", "grow", "journal", "journaled",
+                 "largest", "limit", "live", "log", "on_move", "ready", "recovering", "scan", "segment", "shifted",
+                 "sidecar", "tally")
 
     def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
                  recovering: bool = False, sidecar: str | None = None) -> None:
@@ -119,7 +145,9 @@ class MessageQueue:
         # where deferred messages without room in the log wait while this process runs
         self.journal = None if sidecar is None else sidecar_file.journal_of(sidecar)
         self.journaled = 0  # messages in the journal not yet stored elsewhere
-        self.recovering = recovering  # the owner calls ``recover`` first
+        self.recovering = recovering  # the owner calls ``start_recovery`` first
+        self.scan: LogScan | None = None  # while the log a previous process left is walked
+        self.shifted = 0  # how far the log's indices moved back in all (growth), for walkers
         self.again: dict[int, None] = {}  # READY records behind the cursor (requeued in place)
         self.segment = segment
         self.limit = limit
@@ -133,28 +161,88 @@ class MessageQueue:
         self.grow: Grow | None = None  # makes the log larger (``shm/sizing.Grower``), if it may
         # where the backend has been read up to, kept in shared memory (durable queues only)
         self._mark = None if segment is None or isinstance(backend, DropBackend) else BackendMark(segment)
+        # how much of the last cross-shard batch put here it holds (``shard/unit.py``), and the same in the segment
+        self.tally = Tally()
+        self._applied = None if segment is None or isinstance(backend, DropBackend) else ApplyMark(segment)
 
     def __len__(self) -> int:
+        if self.scan is not None:
+            return self.ready + self.scan.unscanned + self.backend.depth
         return self.ready + self.backend.depth
+
+    @property
+    def scanning(self) -> bool:
+        """True while the log a previous process left is being recovered."""
+        return self.scan is not None
+
+    def _end(self) -> int | None:
+        """How far delivery and release may go in the log: the scan's cursor while it runs."""
+        return None if self.scan is None else self.scan.cursor
 
     @property
     def backend_depth(self) -> int:
         return self.backend.depth
 
-    def recover(self) -> list[tuple[int, int, bytes]]:
-        """Adopt what a previous process left: returns [(pos, due wall ns, message)] deferred,
-        pos -1 for a message of the sidecar that found no room in the log."""
+    def start_recovery(self) -> Deferred:
+        """Adopt what a previous process left: its log is walked by ``recover_step`` from
+        here on. Returns [(pos, due wall ns, message)] of the deferred messages of the sidecar
+        and the journal (appended to the log now; pos -1 for one that found no room)."""
         self.recovering = False
-        ready, deferred, live = self.log.recover_states()
-        position = None if self._mark is None else self._mark.load(self.log.write_index)
-        if position is not None:  # the backend's metadata may be older: skip what the log holds
-            self.backend.skip_to(position)  # (only once the log proved whole: else they are read again)
-        self.ready = ready
-        self.live = live
+        if self._applied is not None:  # first: nothing below may append before it counts
+            self.tally = self._recovered_tally(self._applied)
+        # the mark says where the backend resumes given the log's write index as it was left
+        self.scan = LogScan(self.log, None if self._mark is None else self._mark.load(self.log.write_index))
         self.cursor = self.log.read_index
         if self.sidecar is not None and self.journal is not None:
-            deferred += self._load_files(self.sidecar, self.journal)
+            return self._load_files(self.sidecar, self.journal)
+        return []
+
+    def recover_step(self, max_count: int) -> Deferred:
+        """Recover up to ``max_count`` more records of the log: the deferred ones found
+        [(pos, due wall ns, message)]; ``scanning`` is False once the whole log is done.
+        ``RingError`` if a frame is corrupt."""
+        scan = self.scan
+        if scan is None:
+            return []
+        ready, live, deferred = scan.step(max_count)
+        self.ready += ready
+        self.live += live
+        if scan.done:
+            self.scan = None
+            self._skip_backend(scan)
         return deferred
+
+    def recover(self) -> Deferred:
+        """``start_recovery`` and every ``recover_step`` at once: all the deferred messages."""
+        deferred = self.start_recovery()
+        while self.scan is not None:
+            deferred += self.recover_step(1 << 20)
+        return deferred
+
+    def _recovered_tally(self, mark: ApplyMark) -> Tally:
+        """The tally a previous process left; if it was killed while appending a batch's
+        messages, those that reached the log, the disk queue and the journal are counted in."""
+        saved = mark.load()
+        if saved is None:
+            return Tally()
+        src, first, held, write_index, backend, journal = saved
+        if write_index >= 0:
+            try:
+                held += self.log.count_from(write_index)
+            except RingError as exc:  # never: nothing moves the log's indices back before it
+                logger.error("%r: cannot count an interrupted append - %s", self.log, exc)
+            held += self.backend.records_after(backend)
+            if journal >= 0 and self.journal is not None:
+                held += sidecar_file.journal_records_after(self.journal, journal)
+            mark.save(src, first, held)
+        return Tally(src, first, held)
+
+    def _skip_backend(self, scan: LogScan) -> None:
+        """The log proved whole: the backend's metadata may be older than the mark kept in
+        shared memory, so skip what the log holds (had the log been corrupt, they would be
+        read again from the backend)."""
+        if scan.resume is not None:
+            self.backend.skip_to(scan.resume)
 
     def _load_files(self, path: str, journal: str) -> list[tuple[int, int, bytes]]:
         """The deferred messages of the sidecar (a clean exit) and of the journal (no room
@@ -181,25 +269,78 @@ class MessageQueue:
         return out
 
     # --- in ---------------------------------------------------------------------------
-    def put_many(self, records: Sequence[bytes]) -> None:
+    def put_many(self, records: Sequence[bytes], unit: Unit | None = None) -> None:
         """Store ``records`` ready: the log up to ``limit`` ready messages and its bytes, the
-        backend past it. A run of READY frames (``Frames``: a cross-shard batch, framed by
-        its producer) is appended with one copy when the path below would append it whole
-        with no ``make_room`` (room for every message, 31 bytes a message to spare) and it
-        fits before the log's end: the same bytes that path writes. Otherwise it takes that
-        path with the messages."""
+        backend past it, and the backend alone while it holds messages (they are older, and
+        the log is served first; only a backend that refuses the write lets new ones into
+        the log ahead of its messages). A run of READY frames (``Frames``: a cross-shard
+        batch, framed by its producer) is appended with one copy when the path below would
+        append it whole with no ``make_room`` (room for every message, 31 bytes a message to
+        spare) and it fits before the log's end: the same bytes that path writes. Otherwise
+        it takes that path with the messages. With ``unit`` (they are a cross-shard batch's,
+        from message ``unit.start`` on) the ones this queue holds already are skipped."""
+        if unit is None:
+            self._put(records, None, 0)
+            return
+        held = self.tally.skip(unit, len(records))
+        if held:
+            if held == len(records):
+                return
+            records = (records.records() if isinstance(records, Frames) else records)[held:]
+        before = unit.start + held
+        try:
+            self._put(records, unit, before)
+        except Exception:
+            self._close_unit(unit, before)
+            raise
+        self.tally.took(unit, before + len(records))
+        self._close_unit(unit, before + len(records))
+
+    def _open_unit(self, unit: Unit, held: int, journal: int = -1) -> None:
+        """Just before appending messages of ``unit`` past the first ``held``: the log's and
+        the backend's ends (and the journal's size, before an append to it) in the segment,
+        so a restart can count what got in."""
+        if self._applied is not None:
+            self._applied.save(unit.src, unit.first, held, self.log.write_index, self.backend.write_position,
+                               journal)
+
+    def _close_unit(self, unit: Unit, held: int) -> None:
+        if self._applied is not None:
+            self._applied.save(unit.src, unit.first, held)
+
+    def _put(self, records: Sequence[bytes], unit: Unit | None, held: int) -> None:
         log = self.log
-        room = self.limit - self.ready
-        if isinstance(records, Frames):
+        room = self.limit - self.ready - (0 if self.scan is None else self.scan.unscanned)
+        if self.backend.depth:
+            plain = records.records() if type(records) is Frames else records
+            try:
+                if unit is not None:
+                    self._open_unit(unit, held)
+                self.backend.put_many(plain)
+                return
+            except Exception:
+                if room <= 0:
+                    raise
+                records = plain  # the disk refuses writes: the log takes them, out of order
+        elif len(records) == 1 and room > 0 and log.put_ready(records[0]):  # one message: PUB, /pub
+            self.ready += 1
+            self.live += 1
+            return
+        if type(records) is Frames:
             n = len(records)
             # frames are >= 24 bytes a message more than the messages: spare is >= need below
             spare = log.free_bytes - (records.end - records.start) - 7 * n
-            if room >= n and spare >= 0 and records.lead == READY_HEADER and log.put_frames(records):
-                self.ready += n
-                self.live += n
-                return
+            if room >= n and spare >= 0 and records.lead == READY_HEADER:
+                if unit is not None:
+                    self._open_unit(unit, held)
+                if log.put_frames(records):
+                    self.ready += n
+                    self.live += n
+                    return
             records = records.records()
         if room <= 0:
+            if unit is not None:
+                self._open_unit(unit, held)
             self.backend.put_many(records)
             return
         part = records if room >= len(records) else records[:room]
@@ -207,6 +348,8 @@ class MessageQueue:
         if log.free_bytes < need and not self.make_room(need):
             self._grow(need)
         mark = log.mark()
+        if unit is not None:  # after ``make_room`` and ``_grow``: they move the log's end
+            self._open_unit(unit, held)
         n = log.append_ready(part)
         if n < len(records):
             try:
@@ -220,21 +363,37 @@ class MessageQueue:
     def put(self, record: bytes) -> None:
         self.put_many((record,))
 
-    def append(self, record: bytes, state: int, due: int) -> int | None:
+    def append(self, record: bytes, state: int, due: int, unit: Unit | None = None) -> int | None:
         """Store one deferred record (``due`` wall-clock ns); its position, or None without
         room in the log: then a durable queue appends it to its journal (raising
         ``OSError`` when it cannot: nothing stored) and the owner holds it in memory, and
-        calls ``unjournal`` once it is stored elsewhere."""
+        calls ``unjournal`` once it is stored elsewhere. ``unit``: it is message
+        ``unit.start`` of a cross-shard batch (the caller asked ``tally.skip`` first)."""
         log = self.log
         frame = log.frame_of(len(record))
-        pos = log.append(record, state, due)
-        if pos is None and (self.make_room(frame) or self._grow(frame)):
+        held = -1 if unit is None else unit.start
+        try:
+            if unit is not None:
+                self._open_unit(unit, held)
             pos = log.append(record, state, due)
-        if pos is not None:
-            self.live += 1
-        elif self.journal is not None:
-            sidecar_file.append_journal(self.journal, due, record)
-            self.journaled += 1
+            if pos is None and (self.make_room(frame) or self._grow(frame)):
+                if unit is not None:
+                    self._open_unit(unit, held)
+                pos = log.append(record, state, due)
+            if pos is not None:
+                self.live += 1
+            elif self.journal is not None:
+                if unit is not None:
+                    self._open_unit(unit, held, sidecar_file.journal_size(self.journal))
+                sidecar_file.append_journal(self.journal, due, record)
+                self.journaled += 1
+        except Exception:
+            if unit is not None:
+                self._close_unit(unit, held)
+            raise
+        if unit is not None:
+            self.tally.took(unit, held + 1)
+            self._close_unit(unit, held + 1)
         return pos
 
     def unjournal(self, messages: Sequence[bytes]) -> None:
@@ -274,12 +433,49 @@ class MessageQueue:
 
     def live_ids(self, among: Container[bytes] | None = None) -> set[bytes]:
         """Ids of the messages in the log not yet done (only those in ``among``, if given);
-        one walk over the log, for recovery."""
-        return self.log.live_ids(among)
+        one walk over the whole log at once (``live_ids_run`` walks it in steps)."""
+        out: set[bytes] = set()
+        cursor = self.log.read_index
+        while cursor < self.log.write_index:
+            cursor = self.log.live_ids_run(cursor, 1 << 20, among, out)
+        return out
+
+    def live_ids_run(self, cursor: int, max_count: int, among: Container[bytes] | None, out: set[bytes]) -> int:
+        """``MessageLog.live_ids_run``: add to ``out`` the live ids among the next
+        ``max_count`` records from index ``cursor`` (``shifted`` says how far indices moved
+        since); the cursor after them, or -1 past the write end."""
+        cursor = self.log.live_ids_run(cursor, max_count, among, out)
+        return cursor if cursor < self.log.write_index else -1
 
     def timestamp_at(self, pos: int) -> int:
         """The publish time (ns) of the message at ``pos``."""
         return self.log.timestamp_at(pos)
+
+    def holds(self, pos: int, msg_id: bytes) -> bool:
+        """``pos`` holds ``msg_id`` in flight, as the process this queue was handed over
+        from left it (``adopt``)."""
+        log = self.log
+        return 0 <= pos < log.capacity and log.states[pos] == IN_FLIGHT and log.id_at(pos) == msg_id
+
+    # --- handed over between two processes of this host (``shard/transfer.py``) -------------
+    def export(self) -> dict[str, Any]:
+        """What only this process knows of the log (it is never walked while one of this
+        process's own runs: the caller waited for ``scanning`` to end)."""
+        tally = self.tally
+        return {"ready": self.ready, "live": self.live, "cursor": self.cursor, "again": list(self.again),
+                "done": self._done, "largest": self.largest, "journaled": self.journaled,
+                "tally": [tally.src, tally.first, tally.held]}
+
+    def adopt(self, state: dict[str, Any]) -> None:
+        """Carry on from ``export`` of the process that handed this queue over: the log is
+        exactly as it left it, so nothing is walked, and its sidecar and journal are not
+        loaded again (its in-memory deferred messages come with the rest of its state)."""
+        self.recovering = False
+        self.scan = None
+        self.ready, self.live, self.cursor = int(state["ready"]), int(state["live"]), int(state["cursor"])
+        self.again = dict.fromkeys(int(pos) for pos in state["again"])
+        self._done, self.largest, self.journaled = int(state["done"]), int(state["largest"]), int(state["journaled"])
+        self.tally = Tally(*map(int, state.get("tally", (-1, 0, 0))))  # what of a cross-shard batch it holds
 
     def requeue(self, pos: int) -> None:
         """Make the (in-flight or deferred) record at ``pos`` ready again, in place."""
@@ -302,11 +498,12 @@ class MessageQueue:
         if self.again:
             return self._take_again(count)
         if self.ready or self._refilled(count):
-            positions, messages, self.cursor = self.log.walk(self.cursor, count)
+            positions, messages, self.cursor = self.log.walk(self.cursor, count, end=self._end())
             self.ready -= len(positions)
             if positions:
                 return positions, messages
-            self.ready = 0  # the count drifted (it never should); trust the log
+            if self.scan is None:
+                self.ready = 0  # the count drifted (it never should); trust the log
         return [], []
 
     def deliver(self, count: int, out: bytearray, ids: list[bytes]) -> list[int]:
@@ -321,9 +518,10 @@ class MessageQueue:
                 del again[pos]
             log.deliver_at(positions, out, ids)
         elif self.ready or self._refilled(count):
-            positions, self.cursor = log.deliver_ready(self.cursor, count, out, ids)
+            positions, self.cursor = log.deliver_ready(self.cursor, count, out, ids, self._end())
             if not positions:
-                self.ready = 0  # the count drifted (it never should); trust the log
+                if self.scan is None:
+                    self.ready = 0  # the count drifted (it never should); trust the log
                 return positions
         else:
             return []
@@ -331,8 +529,9 @@ class MessageQueue:
         return positions
 
     def _refilled(self, count: int) -> bool:
-        """Nothing ready in the log: move up to ``count`` from the backend; True if any."""
-        if self.backend.depth:
+        """Nothing ready in the log: move up to ``count`` from the backend; True if any.
+        (Not while the log is recovered: its older records come first.)"""
+        if self.backend.depth and self.scan is None:
             self._refill(count)
         return self.ready > 0
 
@@ -425,17 +624,18 @@ class MessageQueue:
         self._done += count
         if self._done >= RELEASE_EVERY:
             self._done = 0
-            self.log.release()
+            self.log.release(self._end())
 
     # --- space ------------------------------------------------------------------------
     def make_room(self, frame: int) -> bool:
         """Release DONE records, then move live ones that block the front; True if a frame
         of ``frame`` bytes may fit now."""
         log = self.log
-        log.release()
+        log.release(self._end())
         self._done = 0
         moved = 0
-        while log.free_bytes < frame + 8 and self.live < len(log) // 2 and moved < 4096:
+        while (log.free_bytes < frame + 8 and self.scan is None and self.live < len(log) // 2
+               and moved < 4096):
             front = log.front()
             if front is None:
                 break
@@ -468,10 +668,14 @@ class MessageQueue:
         if shift is None:
             return False
         self.cursor -= shift  # the log's indices moved back by ``shift``; positions did not
+        self.shifted += shift
+        if self.scan is not None:
+            self.scan.shift(shift)
         return self.log.free_bytes >= need
 
     # --- admin ------------------------------------------------------------------------
     def empty(self) -> None:
+        self.scan = None  # nothing left to recover
         self.log.reset()
         self.cursor = self.log.read_index
         self.ready = self.live = self._done = 0
@@ -491,6 +695,7 @@ class MessageQueue:
         (no room in shared memory): they go to the sidecar, or ready to the backend."""
         unlink = delete
         if delete:
+            self.scan = None
             self.backend.delete()  # its files include the sidecar (``all_files_pattern``)
         elif self.sidecar is not None and self.segment is not None:
             unlink = self._persist(self.sidecar, deferred)
@@ -508,11 +713,27 @@ class MessageQueue:
                 self.segment.unlink()
             self.segment.close()
 
+    def hand_over(self) -> None:
+        """Let another process of this host carry on with this queue (a shard's replacement,
+        ``shard/transfer.py``): the backend's files are closed with their metadata written,
+        the segment is left as it is (in-flight and deferred records in place; the next
+        process recovers it), the journal stays."""
+        try:
+            self.backend.release()
+        except Exception:  # the next process repairs from the files, as after a crash
+            logger.exception("failed to hand %r over cleanly", self.backend)
+        self.log.close()
+        if self.segment is not None:
+            self.segment.close()
+
     def _persist(self, path: str, held: Sequence[tuple[int, bytes]]) -> bool:
         """Write every live record to disk; True once all of it is durable. On failure the
         segment keeps them (and the next process may see some twice)."""
         try:
-            ready, deferred = self.log.live_records()
+            ready, deferred = self.log.live_records()  # in flight or not, recovered or not
+            if self.scan is not None:  # the log proved whole: the backend resumes past its records
+                self._skip_backend(self.scan)
+                self.scan = None
             for start in range(0, len(ready), PERSIST_BATCH):
                 self.backend.put_many(ready[start:start + PERSIST_BATCH])
             self.backend.close()  # syncs the data and persists the metadata

@@ -135,6 +135,11 @@ class Syncer:
             state.again = False
             self.request(queue)
 
+    @property
+    def busy(self) -> bool:
+        """A sync is running or asked for."""
+        return any(state.running or state.again for state in self._states.values())
+
     def close(self) -> None:
         """Wait for the sync running now (shutdown: every queue then syncs inline)."""
         self._closed = True

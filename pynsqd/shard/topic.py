@@ -14,8 +14,9 @@ write). Then nothing is lost and nothing is handed on twice: a message stays in 
 queue (a ready one is made ready again in place, a deferred one stays waiting) until every
 channel holds it; ``handed`` remembers, per message id, which channels already took it, so
 a retry skips them. After a restart ``handed`` is rebuilt from the channels' logs
-(``recovered_channel``), which also covers a kill -9 between a channel's append and the
-topic's finish of the same messages. The pump logs the failure once, stops, and the owner's scan calls it
+(``recovered_channel``, then ``shard/recovery.match_channels``; the pump waits for it:
+``matching``), which also covers a kill -9 between a channel's append and the topic's finish
+of the same messages. The pump logs the failure once, stops, and the owner's scan calls it
 again ``RETRY_NS`` later (``retry_due``) until the disk takes writes again. A publish that
 goes straight to the channels and fails at one of them is queued at the topic the same way
 (the channels before it keep their copy), so the publish still succeeds when the topic's
@@ -31,6 +32,7 @@ from typing import Any
 
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.queue import MessageQueue
+from pynsqd.shard.unit import Unit
 from pynsqd.shm.log import DEFERRED
 from pynsqd.wire.message import ID_OFFSET
 from pynsqd.wire.names import is_ephemeral
@@ -61,80 +63,105 @@ class Topic:
         self.handed: dict[bytes, set[str]] = {}
         self.retry_at = 0  # monotonic ns of the next try after a failed hand-on (0: none)
         self._failures = 0
+        # recovered channels whose copies of this topic's waiting messages are not known yet;
+        # while ``matching``, the pump hands nothing on (``shard/recovery.match_channels``)
+        self.unmatched: list[Channel] = []
+        self.matching = False
         self._schedule = schedule
         self.on_retry = on_retry  # told when a retry is set: the owner's scan asks ``retry_due``
 
     def __repr__(self) -> str:
         return f"<Topic {self.name}>"
 
-    def recover(self) -> int:
-        """Adopt the log a previous process left; returns the number of waiting messages."""
-        now_mono, now_wall = time.monotonic_ns(), time.time_ns()
-        for pos, due_wall, record in self.queue.recover():
-            self.waiting_deferred.append((record, now_mono + max(0, due_wall - now_wall), pos))
-        if len(self.queue) or self.waiting_deferred:
+    def start_recovery(self) -> None:
+        """Adopt the log a previous process left (``MessageQueue.start_recovery``); then
+        ``recover_step`` until ``queue.scanning`` is false (``shard/recovery.py``)."""
+        self._recovered_deferred(self.queue.start_recovery())
+
+    def recover_step(self, max_count: int) -> int:
+        """Recover up to ``max_count`` more records of the log; the records walked."""
+        queue = self.queue
+        scan = queue.scan
+        walked = scan.walked if scan is not None else 0
+        self._recovered_deferred(queue.recover_step(max_count))
+        if len(queue) or self.waiting_deferred:
             self._schedule(self)
-        return self.depth
+        return (scan.walked - walked) if scan is not None else 0
+
+    def _recovered_deferred(self, found: list[tuple[int, int, bytes]]) -> None:
+        now_mono, now_wall = time.monotonic_ns(), time.time_ns()
+        for pos, due_wall, record in found:
+            self.waiting_deferred.append((record, now_mono + max(0, due_wall - now_wall), pos))
 
     def recovered_channel(self, channel: Channel) -> None:
-        """``channel`` was recovered after this topic: the messages it already holds that
-        this topic still has waiting were being handed on when the previous process died
-        (between a channel's append and the topic's finish) or kept for channels that had
-        refused them. Note them in ``handed``, so the pump gives ``channel`` none twice."""
-        if not self.queue.live and not self.waiting_deferred:
-            return
-        waiting = self.queue.live_ids() | {r[ID_OFFSET:ID_OFFSET + 16] for r, _, _ in self.waiting_deferred}
-        for msg_id in channel.queue.live_ids(waiting):
-            self.handed.setdefault(msg_id, set()).add(channel.name)
+        """``channel`` was recovered: the messages it already holds that this topic still has
+        waiting were being handed on when the previous process died (between a channel's
+        append and the topic's finish) or kept for channels that had refused them. Until
+        ``shard/recovery.match_channels`` has noted them in ``handed`` (then ``matched``),
+        the pump hands nothing on, so ``channel`` gets none twice."""
+        self.unmatched.append(channel)
+        self.matching = True
+
+    def matched(self) -> None:
+        """The recovered channels' copies are noted in ``handed``: the pump may run."""
+        self.matching = False
+        if len(self.queue) or self.waiting_deferred:
+            self._schedule(self)
 
     @property
     def flowing(self) -> bool:
         """True when published messages go straight to the channels."""
         return bool(self.channels) and not self.paused
 
-    def put_many(self, records: Sequence[bytes], body_bytes: int) -> None:
+    def put_many(self, records: Sequence[bytes], body_bytes: int, unit: Unit | None = None) -> None:
         """Publish. Raises the backend's error if the messages cannot be stored. ``records``
         may be a run of READY log frames (a cross-shard batch, ``shm/frames.Frames``): each
-        queue that can take it whole appends it as it is (``MessageQueue.put_many``)."""
-        if self.flowing and not len(self.queue) and not self.retry_at:  # nothing handed: no retry pending
+        queue that can take it whole appends it as it is (``MessageQueue.put_many``).
+        ``unit``: they are a cross-shard batch's; a queue skips what it holds of it."""
+        queue = self.queue
+        if (self.channels and not self.paused and not queue.ready and not queue.backend.depth
+                and not self.retry_at):  # flowing, nothing waiting here, no retry pending
             took = 0
             try:
                 for channel in self.channels.values():
-                    channel.put_many(records)
+                    channel.put_many(records, unit)
                     took += 1
             except Exception as exc:
                 if not took:
                     raise  # no channel took them: the publish fails as a whole
-                self._keep_refused(records, took, exc)
+                self._keep_refused(records, took, exc, unit)
         else:
-            self.queue.put_many(records)
+            self.queue.put_many(records, unit)
             if self.flowing:
                 self._schedule(self)
         self.message_count += len(records)
         self.message_bytes += body_bytes
 
-    def _keep_refused(self, records: Sequence[bytes], took: int, exc: Exception) -> None:
+    def _keep_refused(self, records: Sequence[bytes], took: int, exc: Exception, unit: Unit | None) -> None:
         """The first ``took`` channels took ``records``, the next one refused them: queue
         them here for the pump to hand to the others (raises if the topic cannot either)."""
         names = set(list(self.channels)[:took])
-        self.queue.put_many(records)
+        self.queue.put_many(records, unit)
         for record in records:
             self.handed[record[ID_OFFSET:ID_OFFSET + 16]] = set(names)
         self._failed(time.monotonic_ns(), exc)
 
-    def put_deferred(self, record: bytes, delay: int, now: int, body_bytes: int) -> None:
+    def put_deferred(self, record: bytes, delay: int, now: int, body_bytes: int, unit: Unit | None = None) -> None:
+        """DPUB: ``record`` is due ``delay`` ns after ``now`` (monotonic). ``unit``: it is a
+        cross-shard batch's; a channel, or this topic while it keeps it, that holds it
+        already does not store it again."""
         if self.flowing:
             for channel in self.channels.values():
-                channel.put_deferred(record, now + delay)
-        else:
-            pos = self.queue.append(record, DEFERRED, time.time_ns() + delay)
+                channel.put_deferred(record, now + delay, unit)
+        elif unit is None or not self.queue.tally.skip(unit, 1):
+            pos = self.queue.append(record, DEFERRED, time.time_ns() + delay, unit)
             self.waiting_deferred.append((record, now + delay, -1 if pos is None else pos))
         self.message_count += 1
         self.message_bytes += body_bytes
 
     def pump(self, now: int) -> None:
         """Move waiting messages to the channels, one chunk per call."""
-        if not self.flowing or (self.retry_at and now < self.retry_at):
+        if not self.flowing or self.matching or (self.retry_at and now < self.retry_at):
             return
         queue = self.queue
         records: list[bytes] = []

@@ -1,4 +1,4 @@
-"""A shard worker process: ``python -m pynsqd.shard.worker``, started by the supervisor.
+"""A shard worker process, started by the supervisor (``node/boot.worker_command``).
 
 Theory of operation
 -------------------
@@ -11,16 +11,18 @@ dispatched by type through ``_handlers``.
 
 Boot: die with the parent (``PR_SET_PDEATHSIG``), build the ``Broker`` with this shard's
 index (message ids carry it), restore the topics of ``nsqd.dat`` this shard owns — each
-queue attaches to its shared-memory segment and recovers what a previous process left in it
-— and recreate its own topics found only in shared memory, attach the inbound and outbound
-rings, drain what the inbound rings still hold, serve HTTP, then tell
-the supervisor ``ready``. Any failure before that exits with ``BOOT_ERROR`` after one line on
-stderr, which stops the supervisor's respawn loop.
+queue attaches to its shared-memory segment, and what a previous process left in it is
+recovered in steps, a bounded part now and the rest while the shard serves
+(``recovery.py``) — and recreate its own topics found only in shared memory, attach the
+inbound and outbound rings, drain what the inbound rings still hold, serve HTTP, then tell
+the supervisor ``ready``. Any failure before that, or a corrupt log found while recovering
+later, exits with ``BOOT_ERROR`` after one line on stderr, which stops the supervisor's
+respawn loop.
 
 Serving: TCP connections arrive as ``Adopt`` messages (fd + state + unread bytes) and become
 ``ClientV2`` protocols via ``connect_accepted_socket``. HTTP and HTTPS connections arrive as
 ``ServeHTTP`` messages (fd), handed out in turn (``supervisor/httpaccept.py``), and are
-served by the embedded HTTP server (``EmbeddedServer.adopt``). Every pass of the broker's 100 ms
+served by the shard's HTTP server (``HTTPServer.adopt``). Every pass of the broker's 100 ms
 scan ends by writing a timestamp into the heartbeat page (``node/heartbeat.py``), so a beat
 proves that the scan (timeouts, deferred delivery, deadlines, syncs) makes progress, not only
 that the loop turns; disk syncs run on a worker thread (``syncer.py``). A shard silent for
@@ -31,6 +33,14 @@ Exit: ``Quiesce`` (``_stop_serving``: stop delivering, wait a bounded time for F
 HTTP, close clients) then ``Exit`` (drain the inbound rings, close every queue, send the
 final snapshot), from the supervisor, or both at once on SIGTERM when run alone; what each
 queue keeps, and where, is docs/architecture.md's "Clean shutdown".
+
+Replacement (a rolling restart, ``supervisor/reload.py``; ``handover.py`` says how): a
+worker started *standby* boots without its queues, says ``Standby`` and waits for the
+``Handover`` parts of the process it replaces, then adopts its queues and connections and
+goes on as above. The process replaced answers ``Drain`` and ``Release``, sends its state and
+exits without touching its queues. ``Adopt`` and ``ServeHTTP`` are answered before their
+connections are read, so a process that dies first loses none. ``Hold`` and ``Resume``
+bracket an upgrade of the supervisor: meanwhile only replies are sent.
 """
 
 from __future__ import annotations
@@ -38,53 +48,69 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
 import socket
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 import uvloop
 
-from pynsqd import logs
-from pynsqd.httpserver import EmbeddedServer, embedded_server
+from pynsqd import __version__, logs
+from pynsqd.httpserver import HTTPServer
 from pynsqd.node import metadata
-from pynsqd.node.boot import BOOT_ERROR, BootConfig
+from pynsqd.node.boot import BOOT_ERROR, IMPORT_CHECK, BootConfig
 from pynsqd.node.control import ControlChannel, Received
 from pynsqd.node.datapath import make_backend, recoverable
 from pynsqd.node.heartbeat import Heartbeat
 from pynsqd.node.messages import (
     Adopt,
     Changed,
+    ConnectionState,
     CreateChannels,
     Done,
+    Drain,
     Exit,
+    Failed,
     HandOff,
+    Handover,
     Health,
     HealthRequest,
+    Hold,
     HTTPResponse,
     Message,
     Quiesce,
     Ready,
+    Release,
+    Resume,
     RunHTTP,
     ServeHTTP,
     SetConfig,
     Snapshot,
+    Standby,
     StatsDocument,
     StatsRequest,
     Updated,
 )
 from pynsqd.node.placement import Placement
 from pynsqd.node.tls import build_server_context
+from pynsqd.shard import handover
 from pynsqd.shard.broker import Broker
-from pynsqd.shard.crossshard import Inbound, Outbound
+from pynsqd.shard.crossshard import Outbound
+from pynsqd.shard.handover import Takeover
 from pynsqd.shard.http import NsqdHTTP
+from pynsqd.shard.httppub import PublishConnection
+from pynsqd.shard.inbound import Inbound
+from pynsqd.shard.memory import keep_large_blocks
 from pynsqd.shard.node import node_info, queue_factory
 from pynsqd.shard.nodehttp import NodeHTTP, run_local
 from pynsqd.shard.protocol import ClientV2
+from pynsqd.shard.recovery import BOOT
 from pynsqd.shard.relay import Relay
 from pynsqd.shard.stats import node_stats
 from pynsqd.shm import store
@@ -118,11 +144,14 @@ class ShardWorker:
                              queue_factory=queue_factory(opts, boot.log_sizing))
         self.broker.start_time = boot.start_time
         self.broker.start_ns = boot.start_ns
-        owned = [t for t in metadata.load(opts.data_dir) if self.placement.owner(t.name) == self.index]
-        self.broker.restore(owned)  # each queue attaches to its segment and recovers it
-        self._adopt_segments()
+        if not boot.standby:  # a replacement takes its queues over from ``Handover`` instead
+            owned = [t for t in metadata.load(opts.data_dir) if self.placement.owner(t.name) == self.index]
+            self.broker.restore(owned)  # each queue attaches to its segment and starts recovering it
+            self._adopt_segments()
+            self.broker.recovery.run(BOOT)
         self.outbound = Outbound(opts.data_dir, self.index, self.shards, boot.wake_fds)
         self.inbound = Inbound(opts.data_dir, self.index, self.shards, boot.wake_fds[self.index], self.broker)
+        self.catch_up = self.inbound.catch_up  # Router.catch_up, on the owner's hot path: no call between
         self.broker.router = self
         self.heartbeat = Heartbeat(boot.heartbeat_fd)
         self.tls_ctx = build_server_context(opts)  # the supervisor checked the files already
@@ -132,17 +161,24 @@ class ShardWorker:
             Adopt: self._adopt, ServeHTTP: self._serve_http, StatsRequest: self._stats,
             HealthRequest: self._health, RunHTTP: self._run_http, SetConfig: self._set_config,
             CreateChannels: self._create_channels, Quiesce: self._quiesce, Exit: self._exit,
+            Drain: self._drain, Release: self._release, Handover: self._handover, Hold: self._hold,
+            Resume: self._resume,
         }
+        self.takeover = Takeover(self.broker, self._client) if boot.standby else None
+        self.handed_over = False  # released to a replacement: exit without touching the queues
+        self.live_relays: weakref.WeakSet[Relay] = weakref.WeakSet()
+        self._pending: set[asyncio.Task[Any]] = set()  # adoptions and proxied calls under way
         self.handoffs = 0
         self.relays = 0
         self._stop = asyncio.Event()
         self._exited = False
         self._changed_topics: set[str] = set()  # to send to the supervisor this turn
-        self._http_server: EmbeddedServer | None = None
+        self._http_server: HTTPServer | None = None
         self._http_task: asyncio.Task[None] | None = None
-        self._https_server: EmbeddedServer | None = None
+        self._https_server: HTTPServer | None = None
         self._https_task: asyncio.Task[None] | None = None
         self.failed = False  # stopping because the scan or a server failed: exit status 1
+        self.boot_failed = False  # stopping because a log could not be recovered: BOOT_ERROR
         self._stopping_service = False
         self.app = NsqdHTTP(self.broker, opts, self.info(), self._persist, self._set_lookupd)
         if boot.https and opts.tls_required == "true":
@@ -191,7 +227,7 @@ class ShardWorker:
             there.close()
         client.detach()
         self.relays += 1
-        Relay(client.transport, here, client.decoder)
+        self.live_relays.add(Relay(client.transport, here, client.decoder))
         log.debug("client(%s) relayed to shard %d", client.remote_address, owner)
 
     # --- control messages -------------------------------------------------------------------
@@ -224,8 +260,7 @@ class ShardWorker:
 
     def _run_http(self, msg: RunHTTP, received: Received) -> None:
         self.inbound.drain(None)
-        task = asyncio.get_running_loop().create_task(self._proxied(msg, received))
-        task.add_done_callback(_log_failure)
+        self._track(asyncio.get_running_loop().create_task(self._proxied(msg, received)))
 
     def _set_config(self, msg: SetConfig, received: Received) -> None:
         self.app.apply_option(msg.opt, msg.value)
@@ -239,6 +274,17 @@ class ShardWorker:
     def _exit(self, msg: Exit, received: Received) -> None:
         self._stop.set()
 
+    def _client(self, state: ConnectionState, unread: bytes) -> ClientV2:
+        return ClientV2(self.broker, self.opts, self.tls_ctx, (state, unread))
+
+    def _acknowledge(self, received: Received, then: Callable[[], None]) -> None:
+        """Tell the supervisor a handed-over connection is ours (it keeps its copy until
+        then), and only once that is in the kernel read from it: a shard that dies before
+        leaves the connection unread, for the supervisor to give to another process."""
+        if received.rid is not None and not self.control.closed:
+            self.control.reply(received, Done())
+        self.control.when_sent(then)
+
     def _adopt(self, msg: Adopt, received: Received) -> None:
         fds = received.take_fds()
         if not fds:
@@ -251,20 +297,97 @@ class ShardWorker:
             return
         self.handoffs += 1
         loop = asyncio.get_running_loop()
-        task = loop.create_task(loop.connect_accepted_socket(
-            lambda: ClientV2(self.broker, self.opts, self.tls_ctx, (msg.state, msg.unread)), sock))
-        task.add_done_callback(_log_failure)
+
+        def serve() -> None:
+            self._track(loop.create_task(loop.connect_accepted_socket(lambda: self._client(msg.state, msg.unread),
+                                                                      sock)))
+        self._acknowledge(received, serve)
 
     def _serve_http(self, msg: ServeHTTP, received: Received) -> None:
         """HTTP (``tls``: HTTPS) connections the supervisor accepted (``supervisor/httpaccept.py``)."""
         server = self._https_server if msg.tls else self._http_server
         loop = asyncio.get_running_loop()
-        for fd in received.take_fds():
-            sock = socket.socket(fileno=fd)
-            if server is None or server.should_exit:  # stopping: the client will reconnect elsewhere
-                sock.close()
-                continue
-            loop.create_task(server.adopt(sock)).add_done_callback(_log_failure)
+        socks = [socket.socket(fileno=fd) for fd in received.take_fds()]
+
+        def serve() -> None:
+            for sock in socks:
+                if server is None or server.stopping:  # stopping: the client will reconnect elsewhere
+                    sock.close()
+                    continue
+                self._track(loop.create_task(server.adopt(sock)))
+        self._acknowledge(received, serve)
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
+        """A connection being adopted, or a proxied admin call: what a release waits for."""
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        task.add_done_callback(_log_failure)
+
+    async def _settle(self) -> None:
+        """Until no adoption or proxied call runs, and none is about to start (a reply the
+        control channel has not sent yet holds one back)."""
+        while True:
+            await self.control.sent()
+            if not self._pending:
+                return
+            await asyncio.wait(list(self._pending))
+
+    # --- replacement by a new process (``handover.py``) -------------------------------------
+    def _drain(self, msg: Drain, received: Received) -> None:
+        task = asyncio.get_running_loop().create_task(self._drained(msg, received))
+        task.add_done_callback(_log_failure)
+
+    async def _drained(self, msg: Drain, received: Received) -> None:
+        if not await handover.recovered(self.broker):
+            self.control.reply(received, Failed("still recovering its logs"))
+            return
+        self._stopping_service = True  # the HTTP servers may end now: that is no failure
+        await self._settle()
+        await handover.drain(self.broker, self.control, self._http_server, self._https_server, msg.wait)
+        self.control.reply(received, Done())
+
+    def _release(self, msg: Release, received: Received) -> None:
+        task = asyncio.get_running_loop().create_task(self._released(received))
+        task.add_done_callback(_log_failure)
+
+    async def _released(self, received: Received) -> None:
+        try:
+            await self._hand_over(received)
+        except Exception:  # half handed over, maybe: go, and be recovered as after a crash
+            log.exception("the hand-over failed; stopping this process so that it is restarted")
+            self.handed_over = True  # leave the queues as they are for the restarted shard
+            self._fatal()
+
+    async def _hand_over(self, received: Received) -> None:
+        self._stopping_service = True
+        await self._settle()
+        servers = [s for s in (self._http_server, self._https_server) if s is not None]
+        captured = await handover.release(self.broker, servers, list(self.live_relays))
+        # nothing awaited since the capture: the queues are let go of, now the rings
+        self.inbound.stop()
+        self._send_update()  # what this turn changed, before the parts
+        self.handed_over = True
+        handover.send(self.control, captured)
+        self.control.reply(received, Done())
+        await self.control.sent()
+        self._stop.set()
+
+    def _hold(self, msg: Hold, received: Received) -> None:
+        """The supervisor is about to re-execute itself: send nothing but replies until it
+        says ``Resume``."""
+        self.control.reply(received, Done())
+        self.control.hold()
+
+    def _resume(self, msg: Resume, received: Received) -> None:
+        self.control.release()
+        self._send_snapshot()  # the new supervisor's table of topics starts from this
+        self.control.reply(received, Done())
+
+    def _handover(self, msg: Handover, received: Received) -> None:
+        if self.takeover is None:
+            log.error("handover part received by a shard that replaces none")
+            return
+        self.takeover.receive(msg, received.take_fds())
 
     async def _proxied(self, msg: RunHTTP, received: Received) -> None:
         status, headers, out = await run_local(self.app, msg, msg.body)
@@ -308,32 +431,65 @@ class ShardWorker:
         self.failed = True
         self._stop.set()
 
+    def _recovery_failed(self, exc: Exception) -> None:
+        """A log left by a previous process is corrupt: stop, as a boot that found it would."""
+        print(f"shard {self.index} failed to boot - {exc}", file=sys.stderr, flush=True)
+        self.boot_failed = True
+        self._fatal()
+
     async def main(self) -> None:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         self.control.start(loop)
         self.control.on_close = lambda chan: self._stop.set()
+        if self.takeover is not None and not await self._take_over():
+            return
         self._beat_now()
         self.broker.on_scan = self._beat_now
         self.broker.on_fatal = self._fatal
+        self.broker.recovery.on_error = self._recovery_failed
         self.broker.start(loop)
         self.broker.on_change = self._changed
+        if self.takeover is not None:
+            await self.takeover.connect()
+            self.broker.sync_all()  # what the replaced process wrote and did not sync
         self.inbound.start(loop)
         # no listening sockets: the supervisor hands each connection over (``serve_http``)
+        connection = functools.partial(PublishConnection, self.node_http, self.app)
         if self.boot.http:
-            self._http_server = embedded_server(self.node_http, publisher=self.app)
-            self._http_task = loop.create_task(self._http_server.serve(sockets=[]))
+            self._http_server = HTTPServer(connection)
+            self._http_task = loop.create_task(self._http_server.serve())
             self._http_task.add_done_callback(self._server_ended)
         if self.boot.https:
-            self._https_server = embedded_server(self.node_http, self.tls_ctx, self.app)
-            self._https_task = loop.create_task(self._https_server.serve(sockets=[]))
+            self._https_server = HTTPServer(connection, self.tls_ctx)
+            self._https_task = loop.create_task(self._https_server.serve())
             self._https_task.add_done_callback(self._server_ended)
         self._send_snapshot()
-        self.control.send(Ready(os.getpid()))
+        self.control.send(Ready(os.getpid(), __version__))
         try:
             await self._stop.wait()
         finally:
             await self.exit()
+
+    async def _take_over(self) -> bool:
+        """A replacement: wait for the replaced process's state, then attach its queues. False
+        when the node stops first (or the state is unreadable: then it exits to be restarted,
+        recovering from shared memory as after a crash)."""
+        assert self.takeover is not None
+        self.control.send(Standby(os.getpid()))
+        waits = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self.takeover.complete.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        if self.takeover.failed is not None:
+            log.error("cannot take over - %s", self.takeover.failed)
+            self.failed = True
+        if not self.takeover.complete.is_set() or self.takeover.failed is not None:
+            self.handed_over = True  # the queues are not ours: leave them as they are
+            return False
+        self.takeover.restore_queues()
+        self._adopt_segments()
+        return True
 
     def _server_ended(self, task: asyncio.Task[None]) -> None:
         """An HTTP(S) server that ends before this shard stops serving cannot be started
@@ -365,7 +521,7 @@ class ShardWorker:
             await asyncio.sleep(DRAIN_POLL)
         for server, task in ((self._http_server, self._http_task), (self._https_server, self._https_task)):
             if server is not None:
-                server.should_exit = True
+                server.stop()
                 if task is not None:
                     await task
         self._http_server = self._https_server = None
@@ -379,6 +535,11 @@ class ShardWorker:
         if self._exited:
             return
         self._exited = True
+        if self.handed_over:  # another process serves the queues and connections now
+            self.outbound.close()
+            self.inbound.close()
+            self.placement.close()
+            return
         await self._stop_serving()
         self.broker.exiting = True
         self.inbound.stop()
@@ -398,16 +559,24 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
 
 
 def main() -> None:
+    if os.environ.get(IMPORT_CHECK):  # an upgrade's preflight: the installed code imports
+        return
     boot = BootConfig.from_environment()
     die_with_parent(boot.parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor coordinates Ctrl-C
+    # the supervisor coordinates Ctrl-C, reloads and upgrades (a signal sent to the whole
+    # process group, or by ``systemctl kill``, must not stop a shard)
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
     logs.setup(f"{boot.opts.log_prefix}[shard {boot.index}] ", boot.opts.log_level)
+    keep_large_blocks()
     try:
         worker = ShardWorker(boot)
     except Exception as exc:
         print(f"shard {boot.index} failed to boot - {exc}", file=sys.stderr, flush=True)
         os._exit(BOOT_ERROR)
     uvloop.run(worker.main())
+    if worker.boot_failed:
+        sys.exit(BOOT_ERROR)
     if worker.failed:
         sys.exit(1)
 

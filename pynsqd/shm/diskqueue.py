@@ -283,6 +283,25 @@ class DiskQueue:
         reading once a sync has persisted it."""
         return self._committed
 
+    @property
+    def write_position(self) -> tuple[int, int]:
+        """(file number, offset) where the next record will be written."""
+        return self._write_file, self._write_pos
+
+    def records_after(self, position: tuple[int, int]) -> int:
+        """Whole records written from ``position`` (a ``write_position`` this queue had) to
+        the end of what is written: after a crash, how many of an append that began there
+        reached the files (a torn one is cut off at open)."""
+        file_num, pos = position
+        with self._lock:
+            self._check_open()
+            end = (self._write_file, self._write_pos)
+            if not position < end:
+                return 0
+            return sum(self._scanner.scan_file(num, pos if num == file_num else 0,
+                                               end[1] if num == end[0] else None)[0]
+                       for num in range(file_num, end[0] + 1))
+
     def skip_to(self, position: tuple[int, int]) -> int:
         """Go on reading at ``position``, a ``committed_position`` this queue had before a
         crash that came before the sync persisting it (the owner kept it where a crash
@@ -522,14 +541,15 @@ class DiskQueue:
         except DiskQueueError as exc:
             self._log.error("%s", exc)
 
-    def _persist(self, meta: Meta) -> None:
+    def _persist(self, meta: Meta, durable: bool = True) -> None:
         path = os.path.join(self._dir, fmt.meta_file_name(self.name))
         tmp = f"{path}.{random.getrandbits(63)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             try:
                 _pwrite_all(fd, meta.encode(), 0)
-                os.fsync(fd)
+                if durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, path)
@@ -582,6 +602,30 @@ class DiskQueue:
             with self._lock:
                 self._closed = True
                 self._close_fds()
+
+    def release(self) -> None:
+        """Persist the metadata and close the files without an fsync, for another process of
+        this host to open the queue next (a shard's replacement, ``shard/transfer.py``): it
+        reads the same page cache, and syncs what is unsynced. Files read past are removed.
+        Idempotent. Raises ``DiskQueueError`` if the metadata cannot be written (the next
+        process then repairs from the files, as after a crash)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            meta = Meta(self._depth + self._pending, *self._committed, self._write_file, self._write_pos)
+            consumed = [num for num in self._consumed if num < self._committed[0]]
+            self._consumed = []
+            self._close_fds()
+            self._seq += 1
+            seq = self._seq
+        try:
+            with self._sync_lock:
+                self._persist(meta, durable=False)
+                self._persisted_seq = seq
+                self._remove(consumed)
+        except OSError as exc:
+            raise DiskQueueError(f"DISKQUEUE({self.name}) failed to hand over - {exc}") from exc
 
     def _close_fds(self) -> None:
         self._reset_reader()

@@ -17,6 +17,8 @@ from pynsqd.shm import diskqueue_format as fmt
 from pynsqd.shm.diskqueue_format import HEADER, HEADER_SIZE, Meta, Stop
 
 SCAN_CHUNK = 1 << 20
+_DATA_SUFFIX = re.compile(r"(\d{6,})\.dat")  # a data file's name past ``<name>.diskqueue.``
+_META_TMP_SUFFIX = re.compile(r"meta\.dat\.\d+\.tmp")  # a metadata temp file's, likewise
 
 
 class Scanner:
@@ -31,19 +33,13 @@ class Scanner:
         self.log = log
         self._prefix = f"{name}.diskqueue."  # every file of the queue's starts so
 
-    # the patterns are compiled only when the directory holds a file of this queue: a node
-    # creating thousands of queues would otherwise compile three patterns for each
-    @functools.cached_property
-    def _data_re(self) -> re.Pattern[str]:
-        return fmt.data_file_pattern(self.name)
+    # compiled only when the queue is deleted: a node opening thousands of queues would
+    # otherwise compile it for each (opening matches the part past ``_prefix`` instead)
 
     @functools.cached_property
     def _all_re(self) -> re.Pattern[str]:
         return fmt.all_files_pattern(self.name)
 
-    @functools.cached_property
-    def _tmp_re(self) -> re.Pattern[str]:
-        return re.compile(re.escape(fmt.meta_file_name(self.name)) + r"\.\d+\.tmp")
 
     def path(self, file_num: int) -> str:
         return os.path.join(self.dir, fmt.data_file_name(self.name, file_num))
@@ -54,9 +50,11 @@ class Scanner:
         return [f for f in os.listdir(self.dir) if f.startswith(prefix)]
 
     def data_files(self, candidates: list[str] | None = None) -> list[int]:
-        """Numbers of the data files present, ascending."""
+        """Numbers of the data files present, ascending (``fmt.data_file_pattern``: the
+        queue's prefix, then a pattern shared by every queue)."""
         names = self._candidates() if candidates is None else candidates
-        return sorted(int(m[1]) for m in map(self._data_re.fullmatch, names) if m) if names else []
+        at = len(self._prefix)
+        return sorted(int(m[1]) for m in (_DATA_SUFFIX.fullmatch(n, at) for n in names) if m) if names else []
 
     def all_files(self) -> list[str]:
         return [os.path.join(self.dir, f) for f in self._candidates() if self._all_re.fullmatch(f)]
@@ -105,8 +103,9 @@ class Scanner:
     def open(self) -> Meta:
         """The state to resume from, after repairing what a crash left. Raises ``OSError``."""
         candidates = self._candidates()
+        at = len(self._prefix)
         for entry in candidates:
-            if self._tmp_re.fullmatch(entry):
+            if _META_TMP_SUFFIX.fullmatch(entry, at):  # a metadata write a crash cut
                 os.unlink(os.path.join(self.dir, entry))
         files = self.data_files(candidates)
         meta = self._load_meta()

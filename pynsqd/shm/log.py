@@ -19,8 +19,10 @@ past DONE records at the front (and hands whole pages it passed to ``discard``, 
 ring gives its memory back). A live record at the front blocks release; ``relocate_front``
 copies it to the write end (the caller updates its references) and marks the old copy DONE.
 
-After a crash, ``recover`` walks the whole log once: in-flight records become ready again
-(attempts kept), deferred ones are reported with their due time, done ones are skipped.
+After a crash, the log is walked once, in steps (``shm/logrecovery.py``, ``recover_run``):
+in-flight records become ready again (attempts kept), deferred ones are reported with their
+due time, done ones are skipped; meanwhile the owner delivers and releases only up to where
+the walk has come (the ``end`` of ``walk``, ``deliver_ready`` and ``release``).
 On a clean exit of a durable queue, ``live_records`` hands every live record to the owner,
 which moves them to disk before the segment is removed (``pynsqd.shard.queue``).
 """
@@ -31,7 +33,7 @@ import struct
 from collections.abc import Callable, Container, Sequence
 
 from pynsqd.shm import kernels
-from pynsqd.shm.frames import FRAME, FRAME_SIZE, Frames, RingError, check_frames, frame_records
+from pynsqd.shm.frames import FRAME, FRAME_SIZE, Frames, check_frames, frame_records
 from pynsqd.shm.logscan import ATTEMPTS_AT, DEFERRED, DONE, ID_AT, IN_FLIGHT, READY, STATE_SIZE, frame_at
 from pynsqd.shm.ring import HEADER_SIZE, ByteRing, Writable
 
@@ -104,9 +106,16 @@ class MessageLog(ByteRing):
             return 1 if self.put(READY_HEADER + messages[0]) else 0
         return self.put_many(messages, READY_HEADER)
 
+    def put_ready(self, message: bytes) -> bool:
+        """Append one ready message if it fits now before the end of the area; False if
+        not (``append_ready`` also wraps)."""
+        return kernels.put_one(self._buf, self._words, self._cap, self._max_frame, READY_HEADER, message)
+
     def append(self, message: bytes, state: int, due: int = 0) -> int | None:
         """Append one message in ``state``; its position, or None when it does not fit."""
-        if not self.put_many((message,), state_header(state, due)):
+        lead = state_header(state, due)
+        if not kernels.put_one(self._buf, self._words, self._cap, self._max_frame, lead, message) and not \
+                self.put_many((message,), lead):
             return None
         size = STATE_SIZE + len(message)
         return (self.write_index - (size + (-size & 7))) % self._cap
@@ -134,22 +143,24 @@ class MessageLog(ByteRing):
 
     # -- walking -------------------------------------------------------------------------
 
-    def find(self, cursor: int, max_count: int, want: int = READY,
+    def find(self, cursor: int, max_count: int, want: int = READY, end: int | None = None,
              ) -> tuple[list[tuple[list[int], list[int]]], int]:
-        """Records in state ``want`` from index ``cursor`` on, at most ``max_count``:
-        ([(starts, ends)] per contiguous run (a wrap starts a new one), cursor). A record's
-        start is its position (its state byte), its end is just past its message. The
-        returned cursor is just past the last record looked at. ``RingError`` if a frame is
-        corrupt."""
-        return kernels.find(self._buf, self._cap, self.read_index, self.write_index, cursor, max_count, want)
+        """Records in state ``want`` from index ``cursor`` on (up to ``end``, the write index
+        unless given), at most ``max_count``: ([(starts, ends)] per contiguous run (a wrap
+        starts a new one), cursor). A record's start is its position (its state byte), its
+        end is just past its message. The returned cursor is just past the last record
+        looked at. ``RingError`` if a frame is corrupt."""
+        return kernels.find(self._buf, self._cap, self.read_index, self.write_index if end is None else end,
+                            cursor, max_count, want)
 
-    def walk(self, cursor: int, max_count: int, want: int = READY,
+    def walk(self, cursor: int, max_count: int, want: int = READY, end: int | None = None,
              ) -> tuple[list[int], list[bytes], int]:
-        """Records in state ``want`` from index ``cursor`` on: (positions, messages, cursor).
+        """Records in state ``want`` from index ``cursor`` on (up to ``end``, if given):
+        (positions, messages, cursor).
 
         At most ``max_count``; the returned cursor is just past the last record looked at.
         """
-        runs, cursor = self.find(cursor, max_count, want)
+        runs, cursor = self.find(cursor, max_count, want, end)
         buf = self._buf
         positions: list[int] = []
         messages: list[bytes] = []
@@ -161,13 +172,13 @@ class MessageLog(ByteRing):
         return positions, messages, cursor
 
     def deliver_ready(self, cursor: int, max_count: int, out: bytearray, ids: list[bytes],
-                      ) -> tuple[list[int], int]:
-        """Deliver up to ``max_count`` ready records from ``cursor`` on, in one pass: each
-        becomes IN_FLIGHT with its attempts counted up in place, its NSQ message frame is
-        appended to ``out`` (attempts included) and its id to ``ids``. Returns (positions,
-        cursor)."""
-        return kernels.deliver_ready(self._buf, self._cap, self.read_index, self.write_index, cursor, max_count,
-                                     out, ids)
+                      end: int | None = None) -> tuple[list[int], int]:
+        """Deliver up to ``max_count`` ready records from ``cursor`` on (up to ``end``, if
+        given), in one pass: each becomes IN_FLIGHT with its attempts counted up in place,
+        its NSQ message frame is appended to ``out`` (attempts included) and its id to
+        ``ids``. Returns (positions, cursor)."""
+        return kernels.deliver_ready(self._buf, self._cap, self.read_index, self.write_index if end is None else end,
+                                     cursor, max_count, out, ids)
 
     def deliver_at(self, positions: Sequence[int], out: bytearray, ids: list[bytes]) -> None:
         """``deliver_ready`` for known positions of READY records (requeued in place)."""
@@ -175,6 +186,11 @@ class MessageLog(ByteRing):
         for pos in positions:
             size = FRAME.unpack_from(buf, HEADER_SIZE + pos - FRAME_SIZE)[0]
             kernels.deliver_run(buf, [pos], [pos + size], out, ids)
+
+    def id_at(self, pos: int) -> bytes:
+        """The message id of the record at ``pos``."""
+        at = HEADER_SIZE + pos + STATE_SIZE + ID_AT
+        return self._buf[at:at + 16].tobytes()
 
     def timestamp_at(self, pos: int) -> int:
         """The publish time (ns) of the message at ``pos``."""
@@ -192,10 +208,11 @@ class MessageLog(ByteRing):
         _, pos, size = self._frame_at(read)
         return pos + FRAME_SIZE, self._buf[HEADER_SIZE + pos + FRAME_SIZE], FRAME_SIZE + size + (-size & 7)
 
-    def release(self) -> int:
-        """Advance the read index past DONE records at the front; return bytes released."""
+    def release(self, end: int | None = None) -> int:
+        """Advance the read index past DONE records at the front (not past ``end``, if
+        given); return bytes released."""
         start = self.read_index
-        read, released = kernels.release_front(self._buf, self._cap, start, self.write_index)
+        read, released = kernels.release_front(self._buf, self._cap, start, self.write_index if end is None else end)
         if read != start:
             self._advance(read, released)
             self._discard_pages(read)
@@ -245,32 +262,28 @@ class MessageLog(ByteRing):
 
     # -- recovery ------------------------------------------------------------------------
 
-    def recover_states(self) -> tuple[int, list[tuple[int, int, bytes]], int]:
-        """After a restart: in flight → ready. Returns (ready count, [(pos, due, message)]
-        of deferred records, live records). ``RingError`` if a frame is corrupt."""
-        self.recover()
-        buf = self._buf
-        write = self.write_index
-        read = self.read_index
-        ready = 0
-        live = 0
-        deferred: list[tuple[int, int, bytes]] = []
-        while read < write:
-            at, pos, size = self._frame_at(read)
-            record = pos + FRAME_SIZE
-            state = buf[HEADER_SIZE + record]
-            if state in (READY, IN_FLIGHT):
-                buf[HEADER_SIZE + record] = READY
-                ready += 1
-                live += 1
-            elif state == DEFERRED:
-                _, due, message = self.message_at(record)
-                deferred.append((record, due, message))
-                live += 1
-            elif state != DONE:
-                raise RingError(f"record at {pos} has unknown state {state}")
-            read = at + FRAME_SIZE + size + (-size & 7)
-        return ready, deferred, live
+    def recover_run(self, cursor: int, end: int, max_count: int) -> tuple[int, int, int, int, list[int]]:
+        """After a restart, recover up to ``max_count`` records from index ``cursor`` to
+        ``end``: in flight → ready. (cursor after them, records walked, ready ones, live ones,
+        positions of deferred ones); ``RingError`` if a frame is corrupt. Driven in steps by
+        ``shm/logrecovery.LogScan``."""
+        return kernels.recover_run(self._buf, self._cap, self.read_index, end, cursor, max_count)
+
+    def deferred_at(self, positions: Sequence[int]) -> list[tuple[int, int, bytes]]:
+        """[(pos, due, message)] of the DEFERRED records at ``positions``."""
+        out = []
+        for pos in positions:
+            _, due, message = self.message_at(pos)
+            out.append((pos, due, message))
+        return out
+
+    def live_ids_run(self, cursor: int, max_count: int, among: Container[bytes] | None,
+                     out: set[bytes]) -> int:
+        """Add the ids of live (not DONE) records among the next ``max_count`` from index
+        ``cursor`` to ``out`` (only those in ``among``, if given); the cursor after them.
+        ``RingError`` if a frame is corrupt."""
+        return kernels.live_ids(self._buf, self._cap, self.read_index, self.write_index, cursor, max_count,
+                                among, out)
 
     def live_records(self) -> tuple[list[bytes], list[tuple[int, bytes]]]:
         """Every live record, oldest first, without changing anything: (ready and in-flight
@@ -291,24 +304,6 @@ class MessageLog(ByteRing):
                     ready.append(message)
             read = at + FRAME_SIZE + size + (-size & 7)
         return ready, deferred
-
-    def live_ids(self, among: Container[bytes] | None = None) -> set[bytes]:
-        """The message ids of every live record (not DONE), only those in ``among`` if given
-        (one walk over the log; for recovery). ``RingError`` if a frame is corrupt."""
-        buf = self._buf
-        write = self.write_index
-        read = self.read_index
-        out: set[bytes] = set()
-        at_id = STATE_SIZE + ID_AT
-        while read < write:
-            at, pos, size = self._frame_at(read)
-            record = HEADER_SIZE + pos + FRAME_SIZE
-            if buf[record] != DONE:
-                msg_id = buf[record + at_id:record + at_id + 16].tobytes()
-                if among is None or msg_id in among:
-                    out.add(msg_id)
-            read = at + FRAME_SIZE + size + (-size & 7)
-        return out
 
     @staticmethod
     def frame_of(message_size: int) -> int:

@@ -1,5 +1,8 @@
 """The per-record loops of a ``MessageLog``, in pure Python: finding records in a state,
-delivering them (state, attempts, NSQ frames, ids) and releasing finished ones at the front.
+delivering them (state, attempts, NSQ frames, ids), releasing finished ones at the front, and
+recovering a log a previous process left, a bounded run of records at a time (states, then
+message ids); and appending one record (``put_one``, ``shm/ring.py``'s: a single PUB's
+message).
 
 ``buf`` is the log's whole buffer (ring header included), ``cap`` its record-area size,
 ``read``/``write`` the ring's indices; positions are offsets in the record area of a
@@ -11,9 +14,12 @@ picks one. The record layout is ``shm/log.py``'s.
 from __future__ import annotations
 
 import struct
+from collections.abc import Container
 
 from pynsqd.shm.frames import FRAME, FRAME_SIZE, WRAP, RingError
-from pynsqd.shm.ring import HEADER_SIZE
+from pynsqd.shm.ring import HEADER_SIZE, put_one
+
+__all__ = ["deliver_ready", "deliver_run", "find", "frame_at", "live_ids", "put_one", "recover_run", "release_front"]
 
 READY = 1
 IN_FLIGHT = 2
@@ -130,3 +136,77 @@ def release_front(buf: memoryview, cap: int, read: int, write: int) -> tuple[int
         read += FRAME_SIZE + size + (-size & 7)
         released += 1
     return read, released
+
+
+def _record(buf: memoryview, cap: int, cursor: int, write: int) -> tuple[int, int]:
+    """The frame at index ``cursor`` (< ``write``), checked: (area position, record size),
+    or (-1, bytes to skip) for a wrap marker. ``RingError`` if it is corrupt."""
+    pos = cursor % cap
+    size, check = FRAME.unpack_from(buf, HEADER_SIZE + pos)
+    if size ^ check != WRAP:
+        raise RingError(f"corrupt record frame at {pos} (length {size})")
+    if size == WRAP:
+        if write - cursor < cap - pos:
+            raise RingError(f"wrap marker at {pos} beyond the write index")
+        return -1, cap - pos
+    frame = FRAME_SIZE + size + (-size & 7)
+    if frame > write - cursor or pos + frame > cap or size < STATE_SIZE:
+        raise RingError(f"record length {size} at {pos} runs past the written data")
+    return pos, size
+
+
+def recover_run(buf: memoryview, cap: int, read: int, write: int, cursor: int,
+                max_count: int) -> tuple[int, int, int, int, list[int]]:
+    """Recover up to ``max_count`` records from index ``cursor`` on (after a restart): each
+    IN_FLIGHT record becomes READY (attempts kept). Returns (cursor past the last record
+    walked, records walked, ready ones, live ones (not DONE), positions of the DEFERRED
+    ones). ``RingError`` if a frame is corrupt or a state unknown."""
+    if cursor < read:
+        cursor = read
+    walked = ready = live = 0
+    deferred: list[int] = []
+    while cursor < write and walked < max_count:
+        pos, size = _record(buf, cap, cursor, write)
+        if pos < 0:  # a wrap marker: ``size`` is the skip
+            cursor += size
+            continue
+        frame = FRAME_SIZE + size + (-size & 7)
+        at = HEADER_SIZE + pos + FRAME_SIZE
+        state = buf[at]
+        if state == READY or state == IN_FLIGHT:
+            buf[at] = READY
+            ready += 1
+            live += 1
+        elif state == DEFERRED:
+            deferred.append(pos + FRAME_SIZE)
+            live += 1
+        elif state != DONE:
+            raise RingError(f"record at {pos} has unknown state {state}")
+        cursor += frame
+        walked += 1
+    return cursor, walked, ready, live, deferred
+
+
+def live_ids(buf: memoryview, cap: int, read: int, write: int, cursor: int, max_count: int,
+             among: Container[bytes] | None, out: set[bytes]) -> int:
+    """Add to ``out`` the message ids of the live (not DONE) records among the next
+    ``max_count`` from index ``cursor`` on (only those in ``among``, if given; a record too
+    short to hold an id has none); returns the cursor past the last record walked. Frames
+    are checked as ``recover_run`` checks them."""
+    if cursor < read:
+        cursor = read
+    walked = 0
+    at_id = HEADER_SIZE + FRAME_SIZE + STATE_SIZE + ID_AT
+    while cursor < write and walked < max_count:
+        pos, size = _record(buf, cap, cursor, write)
+        if pos < 0:  # a wrap marker: ``size`` is the skip
+            cursor += size
+            continue
+        frame = FRAME_SIZE + size + (-size & 7)
+        if size >= STATE_SIZE + ID_AT + 16 and buf[HEADER_SIZE + pos + FRAME_SIZE] != DONE:
+            msg_id = buf[at_id + pos:at_id + pos + 16].tobytes()
+            if among is None or msg_id in among:
+                out.add(msg_id)
+        cursor += frame
+        walked += 1
+    return cursor

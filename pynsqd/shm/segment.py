@@ -28,7 +28,11 @@ class SegmentError(Exception):
     """A segment could not be created, opened or sized."""
 
 
-def _node_prefix(data_path: str) -> str:
+_PREFIX = re.compile(r"pynsqd-[0-9a-f]{16}-")
+
+
+def node_prefix(data_path: str) -> str:
+    """What the names of every segment of the node on ``data_path`` start with (no "/")."""
     digest = hashlib.sha256(os.path.realpath(data_path).encode()).hexdigest()[:16]
     return f"pynsqd-{digest}-"
 
@@ -41,20 +45,33 @@ def _part(text: str, room: int) -> str:
 
 def segment_name(data_path: str, kind: str, name: str) -> str:
     """The POSIX shm name of ``kind``/``name`` for the node on ``data_path``."""
-    prefix = "/" + _node_prefix(data_path)
+    prefix = "/" + node_prefix(data_path)
     kind_part = _part(kind, 32)
     room = MAX_NAME - len(prefix) - len(kind_part) - 1
     return f"{prefix}{kind_part}-{_part(name, room)}"
 
 
-def list_segments(data_path: str) -> list[str]:
-    """Names of every segment that belongs to the node on ``data_path``, sorted."""
-    prefix = _node_prefix(data_path)
+def _entries() -> list[str]:
     try:
-        entries = os.listdir(SHM_DIR)
+        return os.listdir(SHM_DIR)
     except FileNotFoundError:
         return []
-    return sorted("/" + entry for entry in entries if entry.startswith(prefix))
+
+
+def list_segments(data_path: str) -> list[str]:
+    """Names of every segment that belongs to the node on ``data_path``, sorted."""
+    prefix = node_prefix(data_path)
+    return sorted("/" + entry for entry in _entries() if entry.startswith(prefix))
+
+
+def node_segments() -> dict[str, list[str]]:
+    """Every pynsqd segment on this host, by node prefix (``node_prefix``): sorted names."""
+    out: dict[str, list[str]] = {}
+    for entry in sorted(_entries()):
+        match = _PREFIX.match(entry)
+        if match is not None:
+            out.setdefault(match[0], []).append("/" + entry)
+    return out
 
 
 def unlink_segment(name: str) -> bool:

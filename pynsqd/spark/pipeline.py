@@ -182,6 +182,11 @@ def run(argv: list[str]) -> int:
     if not opts.output_dir and not opts.output_topic:
         raise UsageError("give --output-dir and/or --output-topic")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Spark starts its Python workers as ``python -m pyspark.daemon`` in this process's
+    # working directory, which ``-m`` puts first on their sys.path: a ``pynsqd/`` folder
+    # there (another checkout) would be what they unpickle the source and sink with.
+    # Safe-path mode keeps them on the installed code, as this command is.
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(PROG).config("spark.ui.showConsoleProgress", "false")

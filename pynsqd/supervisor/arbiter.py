@@ -10,15 +10,22 @@ of a run with another shard count hold (``leftover_rings.py``), create the inbou
 (``node/rings.py``), one heartbeat page and one eventfd per shard. A step that fails undoes
 the ones before it (``startup.py``): a failed start leaves nothing behind.
 
-``main()`` spawns the shards (``os.posix_spawn`` of ``python -m pynsqd.shard.worker``: a fresh
-interpreter, never a fork of a running loop) with their descriptors inherited, waits until
-each says ``ready``, announces the listeners, accepts TCP connections and hands each to its
+``main()`` spawns the shards (``os.posix_spawn`` of ``node/boot.worker_command``: a fresh
+interpreter that imports exactly this process's code, never a fork of a running loop) with
+their descriptors inherited, accepts once the first says ``ready`` and announces the
+listeners once all have, accepts TCP connections and hands each to its
 shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
 turn (``httpaccept.py``) — every listener through one ``accept.Acceptor``, which rides out a
 lack of descriptors — and keeps the node's single lookupd registration and ``nsqd.dat``
-from what the shards report (``topictable.py``).
+from what the shards report (``topictable.py``). What a shard asks of the others (stats,
+health, admin calls for their topics) the supervisor relays (``hub.py``).
 
-Signal handlers only enqueue (SIGTERM, SIGINT); the loop drains the queue into ``exit``.
+A new image of a running supervisor (``upgrade.py``, SIGUSR2) is constructed from what it
+inherits instead (``_take_over``: listeners, lock, shards, rings as they are), and replaces the
+shards once it accepts (``reload.py``).
+
+Signal handlers only enqueue (SIGTERM, SIGINT; SIGHUP: a rolling restart of the shards,
+``reload.py``; SIGUSR2: an upgrade of the supervisor); the loop drains the queue.
 uvloop reserves SIGCHLD, so instead every ``TICK`` the loop reaps (``handle_chld``) and
 checks heartbeats (``murder``): a shard
 whose loop has not written its timestamp for ``SHARD_TIMEOUT`` gets SIGABRT, and SIGKILL
@@ -52,49 +59,48 @@ import orjson
 from pynsqd import NSQ_VERSION, __version__, logs, sdnotify
 from pynsqd.netaddr import bind, bound_port, describe
 from pynsqd.node import metadata
-from pynsqd.node.aggregate import merge_stats
-from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig
+from pynsqd.node.boot import BOOT_ERROR, ENV, BootConfig, worker_command
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.control import PROXY_WAIT, ControlChannel, Received, channel_pair
-from pynsqd.node.datapath import recoverable
-from pynsqd.node.heartbeat import STALL_AFTER
+from pynsqd.node.control import ControlChannel, Received, channel_pair
+from pynsqd.node.heartbeat import STALL_AFTER, Heartbeat
 from pynsqd.node.messages import (
     Adopt,
     Changed,
     ConnectionState,
     CreateChannels,
     Exit,
-    Failed,
     HandOff,
-    Health,
+    Handover,
     HealthRequest,
-    HTTPResponse,
     Message,
     Proxy,
     Quiesce,
     Ready,
+    ServeHTTP,
     SetConfig,
-    ShardDocuments,
     Snapshot,
-    StatsDocument,
     StatsRequest,
     Updated,
 )
 from pynsqd.node.metadata import TopicRecord
+from pynsqd.node.placement import Placement
 from pynsqd.node.rings import create_rings, release_rings
+from pynsqd.node.shmowner import OwnerRecord
 from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
-from pynsqd.shm import store
 from pynsqd.shm.sizing import Host, plan
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.accept import Accepted, Acceptor
 from pynsqd.supervisor.handoff import greet
-from pynsqd.supervisor.httpaccept import HTTPAcceptor
+from pynsqd.supervisor.httpaccept import ACK_WAIT, HTTPAcceptor
+from pynsqd.supervisor.hub import READY_TIMEOUT, Hub
 from pynsqd.supervisor.registration import Registration
+from pynsqd.supervisor.reload import Reloader
 from pynsqd.supervisor.slots import Slot
-from pynsqd.supervisor.startup import Startup
+from pynsqd.supervisor.startup import Startup, sweep_segments
 from pynsqd.supervisor.statsd import StatsdLines, StatsdPusher, statsd_prefix
 from pynsqd.supervisor.topictable import MetadataWriter, TopicTable
+from pynsqd.supervisor.upgrade import SIGNALS, Inherited, Upgrader
 from pynsqd.wire.lookup import IdentifyInfo
 from pynsqd.wire.names import is_ephemeral, is_valid_name
 
@@ -103,20 +109,60 @@ log = logging.getLogger("pynsqd.supervisor")
 SHARD_TIMEOUT = float(os.environ.get("PYNSQD_SHARD_TIMEOUT", "10"))  # seconds without a beat
 KILL_AFTER = 2.0
 SHUTDOWN_DEADLINE = float(os.environ.get("PYNSQD_SHUTDOWN_DEADLINE", "20"))
-READY_TIMEOUT = 30.0
 TICK = 0.2  # seconds between reaping/heartbeat checks
 FIN_WAIT = 5.0  # seconds a shutting-down shard waits for consumers to FIN what they hold
-CALL_TIMEOUT = 30.0
+HANDOFF_TRIES = 5  # shards that may die under one connection before it is given up
 
 
 class Supervisor:
     """One nsqd node: N shard processes behind one set of listeners."""
 
-    def __init__(self, opts: NsqdOptions, shards: int) -> None:
+    def __init__(self, opts: NsqdOptions, shards: int, inherited: Inherited | None = None) -> None:
         self.opts = opts
         self.shards = shards
-        # what needs no file first (TLS files, addresses, ports), then the data path: a start
-        # that fails says one line and leaves nothing behind (``Startup``)
+        self.inherited = inherited  # this image replaced a running supervisor (``upgrade.py``)
+        self.host = Host.now()
+        if inherited is None:
+            topics = self._start()
+        else:
+            topics = self._take_over(inherited)
+        self.topics = TopicTable(shards)
+        for topic in topics:
+            self.topics.update(self.placement.owner(topic.name), [topic], [])
+        self.metadata = MetadataWriter(opts.data_dir, self.topics.encode)
+        self.tcp_acceptor = Acceptor("TCP", self.tcp_socket, self._greet)
+        self.http_acceptor = HTTPAcceptor(self.slots)
+        self.registration = Registration(self.identity, self.topics.registrations, opts.max_body_size)
+        self.hub = Hub(self.slots, self.stats, self.start_time)
+        self.handoffs = 0
+        self.fatal: str | None = None
+        self._signals: asyncio.Queue[int] = asyncio.Queue()  # signal numbers, from the handlers
+        self._stopping = False
+        self._exited = False
+        self._next_any = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._accept_task: asyncio.Task[None] | None = None
+        self._statsd_task: asyncio.Task[None] | None = None
+        self._handlers: dict[type[Message], Callable[[Slot, Any, Received], None]] = {
+            Ready: self._on_ready, Snapshot: self._on_snapshot, Updated: self._on_updated, Changed: self._on_changed,
+            HandOff: self._on_handoff, StatsRequest: self._on_stats, HealthRequest: self._on_health,
+            Proxy: self._on_proxy, SetConfig: self._on_config, Handover: self._on_handover,
+            ServeHTTP: self._on_serve_http,
+        }
+        self.argv: list[str] = sys.argv[1:]  # the command line, read again by a reload
+        self.reloader = Reloader(self)
+        self.upgrader = Upgrader(self)
+        if inherited is not None:
+            counters = inherited.counters
+            self.handoffs, self.http_acceptor.handed = counters["handoffs"], counters["http_handoffs"]
+            self.reloader.reloads, self.reloader.replaced = counters["reloads"], counters["shards_replaced"]
+            self.upgrader.upgrades = counters["upgrades"] + 1
+
+    def _start(self) -> list[TopicRecord]:
+        """What needs no file first (TLS files, addresses, ports), then the data path: a start
+        that fails says one line and leaves nothing behind (``Startup``). The topics of
+        ``nsqd.dat``."""
+        opts, shards = self.opts, self.shards
         try:
             tls_ctx = build_server_context(opts)  # each shard builds its own from the same files
         except (OSError, ssl.SSLError) as exc:
@@ -128,6 +174,7 @@ class Supervisor:
             self.https_socket = (start.close_on_failure(bind(opts.https_address, "https-address"))
                                  if opts.https_address and tls_ctx is not None else None)
             self._lock_fd = start.lock()
+            self.owner = start.own_shared_memory(self._lock_fd)
             try:
                 topics = metadata.load(opts.data_dir)
             except ValueError as exc:
@@ -137,50 +184,35 @@ class Supervisor:
             keep = leftover_rings.rescue(opts, shards, self.placement.owner, topics)  # before any shard
             self.rings = create_rings(opts.data_dir, shards)
             start.on_failure(lambda: release_rings(self.rings))
-        self.topics = TopicTable(shards)
-        for topic in topics:
-            self.topics.update(self.placement.owner(topic.name), [topic], [])
-        self.metadata = MetadataWriter(opts.data_dir, self.topics.encode)
-        self._sweep_segments(topics, keep)
+        sweep_segments(opts.data_dir, topics, {seg.name for seg in self.rings} | keep | {self.owner.name},
+                       self.placement.owner)
         self.wake_fds = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(shards)]
         self.slots = [Slot(i) for i in range(shards)]
-        self.tcp_acceptor = Acceptor("TCP", self.tcp_socket, self._greet)
-        self.http_acceptor = HTTPAcceptor(self.slots)
-        self.registration = Registration(self.identity, self.topics.registrations, opts.max_body_size)
         self.start_ns = time.time_ns()
         self.start_time = self.start_ns // 1_000_000_000
-        self.host = Host.now()
         self.log_sizing = plan(opts.mem_queue_bytes, opts.max_msg_size, self.host)  # every shard's
-        self.handoffs = 0
-        self.fatal: str | None = None
-        self._signals: asyncio.Queue[int] = asyncio.Queue()  # signal numbers, from the handlers
-        self._stopping = False
-        self._exited = False
-        self._next_any = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._accept_task: asyncio.Task[None] | None = None
-        self._handlers: dict[type[Message], Callable[[Slot, Any, Received], None]] = {
-            Ready: self._on_ready, Snapshot: self._on_snapshot, Updated: self._on_updated, Changed: self._on_changed,
-            HandOff: self._on_handoff, StatsRequest: self._on_stats, HealthRequest: self._on_health,
-            Proxy: self._on_proxy, SetConfig: self._on_config,
-        }
+        return topics
 
-    def _sweep_segments(self, topics: list[TopicRecord], keep: set[str]) -> None:
-        """Once per node, before any shard runs: remove this node's segments that belong to
-        no queue of nsqd.dat and hold nothing worth recovering (deleted or ephemeral queues,
-        empty logs). Segments with messages of a durable queue missing from nsqd.dat stay:
-        the topic's owner (placement) recreates the queue when it boots. This run's rings are
-        kept, and ``keep``: leftover rings whose messages could not be stored yet."""
-        path = self.opts.data_dir
-        queues = ([("topic", t.name) for t in topics]
-                  + [("channel", f"{t.name}:{c.name}") for t in topics for c in t.channels])
-        claimed = store.claimed_names(path, queues) | {seg.name for seg in self.rings} | keep
-        for shm_name, kind, name, records in store.leftovers(path, claimed):
-            if recoverable(kind, name, records):
-                log.warning("%s %s: found in shared memory only; shard %d recovers it", kind.upper(), name,
-                            self.placement.owner(name.partition(":")[0]))
-            else:
-                store.unlink_segment(shm_name)
+    def _take_over(self, inherited: Inherited) -> list[TopicRecord]:
+        """A new image of a running supervisor (``upgrade.py``): its listeners, lock, rings,
+        shards and start time as the previous image left them. The topics of ``nsqd.dat``."""
+        if len(inherited.shards) != self.shards:
+            raise UsageError(f"cannot take over {len(inherited.shards)} shard(s) with --shards={self.shards}")
+        self.tcp_socket = socket.socket(fileno=inherited.tcp_fd)
+        self.http_socket = inherited.socket(inherited.http_fd)
+        self.https_socket = inherited.socket(inherited.https_fd)
+        self._lock_fd = inherited.lock_fd
+        self.owner = OwnerRecord(self.opts.data_dir, inherited.owner_fd)  # still locked: the fd survived
+        topics = metadata.load(self.opts.data_dir)
+        self.placement = Placement(self.opts.data_dir, self.shards)
+        self.rings = create_rings(self.opts.data_dir, self.shards)  # they exist: opened as they are
+        self.wake_fds = list(inherited.wake_fds)
+        self.slots = [Slot(s.index, Heartbeat(s.heartbeat_fd)) for s in inherited.shards]
+        for slot, shard in zip(self.slots, inherited.shards):
+            slot.pid, slot.restarts, slot.version = shard.pid, shard.restarts, shard.version
+        self.start_ns, self.start_time = inherited.start_ns, inherited.start_time
+        self.log_sizing = inherited.log_sizing
+        return topics
 
     # --- identity, registration, metadata ---------------------------------------------------
     @property
@@ -205,20 +237,28 @@ class Supervisor:
     def spawn(self, slot: Slot) -> None:
         """Start the shard of ``slot``. Raises ``OSError`` (descriptors or processes
         exhausted) with nothing left open."""
-        here, there = channel_pair()
         slot.reset_heartbeat()
-        boot = BootConfig(index=slot.index, shards=self.shards, parent=os.getpid(), opts=self.opts,
+        slot.pid, slot.channel = self.launch(slot.index)
+        slot.started = time.monotonic()
+        log.info("shard %d: started (pid %d)", slot.index, slot.pid)
+
+    def launch(self, index: int, standby: bool = False) -> tuple[int, ControlChannel]:
+        """A worker process for shard ``index`` (``standby``: to replace the running one,
+        ``reload.py``) and its control channel. Raises ``OSError`` with nothing left open."""
+        here, there = channel_pair()
+        boot = BootConfig(index=index, shards=self.shards, parent=os.getpid(), opts=self.opts,
                           log_sizing=self.log_sizing, start_time=self.start_time, start_ns=self.start_ns,
                           tcp_port=self.tcp_port, http_port=self.http_port, https_port=self.https_port,
                           http=self.http_socket is not None, https=self.https_socket is not None,
-                          control_fd=there.fileno(), heartbeat_fd=slot.heartbeat.fd, wake_fds=self.wake_fds)
+                          control_fd=there.fileno(), heartbeat_fd=self.slots[index].heartbeat.fd,
+                          wake_fds=self.wake_fds, standby=standby)
         fds = boot.inherited
-        env = dict(os.environ)
-        env[ENV] = boot.encode()
+        argv, extra = worker_command()
+        env = {**os.environ, **extra, ENV: boot.encode()}
         for fd in fds:
             os.set_inheritable(fd, True)
         try:
-            slot.pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "pynsqd.shard.worker"], env)
+            pid = os.posix_spawn(argv[0], argv, env)
         except OSError:
             here.close()
             raise
@@ -226,10 +266,16 @@ class Supervisor:
             for fd in fds:
                 os.set_inheritable(fd, False)
             there.close()
-        slot.started = time.monotonic()
-        slot.channel = ControlChannel(here, self._on_control, f"shard {slot.index}")
-        slot.channel.start(asyncio.get_running_loop())
-        log.info("shard %d: started (pid %d)", slot.index, slot.pid)
+        channel = ControlChannel(here, self._on_control, f"shard {index}")
+        channel.on_close = self._channel_closed
+        channel.start(asyncio.get_running_loop())
+        return pid, channel
+
+    def _channel_closed(self, channel: ControlChannel) -> None:
+        """A shard's process is gone (reaped soon): nothing more is handed to it."""
+        for slot in self.slots:
+            if slot.channel is channel:
+                slot.ready.clear()
 
     def handle_chld(self) -> None:
         """Reap every dead shard; classify its exit; schedule its restart."""
@@ -240,11 +286,14 @@ class Supervisor:
                 return
             if pid == 0:
                 return
+            code = os.waitstatus_to_exitcode(status)
             slot = next((s for s in self.slots if s.pid == pid), None)
             if slot is None:
+                self.reloader.reaped(pid, code)  # a replacement, or a replaced shard's process
                 continue
-            code = os.waitstatus_to_exitcode(status)
             slot.died()
+            if slot.successor is not None:  # it died while being replaced: a crash after all
+                self.reloader.abandon(slot)
             if self._stopping:
                 continue
             if code == BOOT_ERROR:
@@ -309,7 +358,11 @@ class Supervisor:
 
     # --- control messages from shards ---------------------------------------------------------
     def _on_control(self, chan: ControlChannel, received: Received) -> None:
-        slot = next(s for s in self.slots if s.channel is chan)
+        slot = next((s for s in self.slots if s.channel is chan), None)
+        if slot is None:  # a replacement, not yet serving its slot
+            slot = next((s for s in self.slots if s.successor is not None and s.successor.channel is chan), None)
+            if slot is None or self.reloader.from_successor(slot, received.message):
+                return
         handler = self._handlers.get(type(received.message))
         if handler is None:
             log.error("shard %d: unexpected control message %s", slot.index, received.message.op)
@@ -317,8 +370,17 @@ class Supervisor:
         handler(slot, received.message, received)
 
     def _on_ready(self, slot: Slot, msg: Ready, received: Received) -> None:
+        slot.version = msg.version
         slot.ready.set()
         log.info("shard %d: ready", slot.index)
+        self.http_acceptor.flush()
+
+    def _on_handover(self, slot: Slot, msg: Handover, received: Received) -> None:
+        self.reloader.relay(slot, msg, received.take_fds())
+
+    def _on_serve_http(self, slot: Slot, msg: ServeHTTP, received: Received) -> None:
+        """Idle HTTP connections a shard being replaced gives back: another shard serves them."""
+        self.http_acceptor.give([socket.socket(fileno=fd) for fd in received.take_fds()], msg.tls)
 
     def _on_snapshot(self, slot: Slot, msg: Snapshot, received: Received) -> None:
         self.topics.replace(slot.index, msg.topics)
@@ -339,16 +401,26 @@ class Supervisor:
             self._spawn_task(self._handoff(msg.shard, socket.socket(fileno=fds[0]), msg.state, msg.unread))
 
     def _on_stats(self, slot: Slot, msg: StatsRequest, received: Received) -> None:
-        self._spawn_task(self._stats(slot, msg, received))
+        self._spawn_task(self.hub.stats(slot, msg, received))
 
     def _on_health(self, slot: Slot, msg: HealthRequest, received: Received) -> None:
-        self._spawn_task(self._health(slot, received))
+        self._spawn_task(self.hub.health(slot, received))
 
     def _on_proxy(self, slot: Slot, msg: Proxy, received: Received) -> None:
-        self._spawn_task(self._proxy(slot, msg, received))
+        self._spawn_task(self.hub.proxy(slot, msg, received))
 
     def _on_config(self, slot: Slot, msg: SetConfig, received: Received) -> None:
-        self._config(slot, msg)
+        """``PUT /config/<opt>`` succeeded on one shard: apply it node-wide."""
+        if msg.opt == "nsqlookupd_tcp_addresses":
+            self.opts.lookupd_tcp_address = list(orjson.loads(msg.value))
+            self.registration.set_addresses(self.opts.lookupd_tcp_address)
+        elif msg.opt == "log_level":
+            level = msg.value.decode("utf-8", "replace").strip().lower()
+            self.opts.log_level = level
+            logs.set_level(level)
+        for other in self.slots:
+            if other is not slot:
+                self._spawn_task(self.hub.send_to(other, msg))
 
     def _spawn_task(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -368,22 +440,34 @@ class Supervisor:
     async def _precreate_channels(self, topic: str) -> None:
         names = sorted(n for n in await self.registration.channels_for(topic)
                        if not is_ephemeral(n) and is_valid_name(n))
-        slot = self.slots[self.placement.owner(topic)]
-        if names and slot.channel is not None and not slot.channel.closed:
-            slot.channel.send(CreateChannels(topic, names))
+        if names:
+            await self.hub.send_to(self.slots[self.placement.owner(topic)], CreateChannels(topic, names))
 
-    def _config(self, origin: Slot, msg: SetConfig) -> None:
-        """``PUT /config/<opt>`` succeeded on one shard: apply it node-wide."""
-        if msg.opt == "nsqlookupd_tcp_addresses":
-            self.opts.lookupd_tcp_address = list(orjson.loads(msg.value))
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def apply_options(self, new: NsqdOptions, names: list[str]) -> None:
+        """A reload's options (``reload.py``): the supervisor's own settings change now, the
+        shards' with each replacement (they boot with ``self.opts``)."""
+        for name in names:
+            setattr(self.opts, name, getattr(new, name))
+        if "log_level" in names:
+            logs.set_level(self.opts.log_level)
+        if "lookupd_tcp_address" in names:
             self.registration.set_addresses(self.opts.lookupd_tcp_address)
-        elif msg.opt == "log_level":
-            level = msg.value.decode("utf-8", "replace").strip().lower()
-            self.opts.log_level = level
-            logs.set_level(level)
-        for slot in self.slots:
-            if slot is not origin and slot.channel is not None and not slot.channel.closed:
-                slot.channel.send(msg)
+        if any(name.startswith("statsd_") for name in names) and self._accept_task is not None \
+                and self._accept_task.done():
+            self._start_statsd()
+
+    def _start_statsd(self) -> None:
+        if self._statsd_task is not None:
+            self._statsd_task.cancel()
+            self._statsd_task = None
+        if self.opts.statsd_address:
+            self._statsd_task = asyncio.get_running_loop().create_task(self._statsd().run())
+            self._tasks.add(self._statsd_task)
+            self._statsd_task.add_done_callback(self._task_done)
 
     async def _ready_slot(self, index: int | None) -> Slot | None:
         if index is None:
@@ -398,50 +482,25 @@ class Supervisor:
 
     async def _handoff(self, index: int | None, sock: socket.socket, state: ConnectionState,
                        unread: bytes) -> None:
+        """Give a TCP connection to shard ``index`` (None: any), once it is ready. ``Adopt``
+        is a call: the shard answers before it reads a byte, and until then the connection is
+        ours; a shard that dies first leaves it unread, for the process that replaces it."""
         try:
-            slot = await self._ready_slot(index)
-            if slot is None or self._stopping or slot.channel is None or slot.channel.closed:
+            for _ in range(HANDOFF_TRIES):
+                slot = await self._ready_slot(index)
+                channel = slot.channel if slot is not None else None
+                if self._stopping or channel is None or channel.closed:
+                    return
+                try:
+                    await channel.call(Adopt(state, unread), [sock.fileno()], wait=ACK_WAIT)
+                except ConnectionError:
+                    continue  # died first: its replacement (or another shard) gets it, unread
+                except TimeoutError:
+                    pass  # alive but silent for that long: it may have it
+                self.handoffs += 1
                 return
-            slot.channel.send(Adopt(state, unread), [sock.fileno()])
-            self.handoffs += 1
         finally:
             sock.close()
-
-    async def _call_all(self, msg: Message) -> list[Message]:
-        return [r for _, r in await self._call_each(msg)]
-
-    async def _call_each(self, msg: Message, skip: int = -1) -> list[tuple[int, Message]]:
-        """``msg`` to every ready shard but ``skip``: (shard index, reply) of those that answered."""
-        slots = [s for s in self.slots if s.index != skip and s.is_ready and s.channel is not None
-                 and not s.channel.closed]
-        replies = await asyncio.gather(*(s.channel.call(msg, wait=CALL_TIMEOUT) for s in slots if s.channel),
-                                       return_exceptions=True)
-        return [(s.index, r) for s, r in zip(slots, replies) if isinstance(r, Message)]
-
-    async def _stats(self, slot: Slot, msg: StatsRequest, received: Received) -> None:
-        """A shard's ``/stats``: the other shards' documents, passed on unparsed with their
-        indices; the asking shard makes its own meanwhile and merges them all."""
-        replies = await self._call_each(msg, skip=msg.skip)
-        docs = b",".join(b"[%d,%s]" % (i, r.doc) for i, r in replies if isinstance(r, StatsDocument))
-        supervisor = orjson.dumps(self.stats() if msg.include_shards else None)
-        if slot.channel is not None:
-            slot.channel.reply(received, ShardDocuments(
-                b'{"docs":[%s],"supervisor":%s,"start_time":%d}' % (docs, supervisor, self.start_time)))
-
-    async def _health(self, slot: Slot, received: Received) -> None:
-        """``/ping`` is the node's health: the first shard that is not OK decides it."""
-        replies = [r for r in await self._call_all(HealthRequest()) if isinstance(r, Health)]
-        bad = [r.health for r in replies if r.health != "OK"]
-        if slot.channel is not None:
-            slot.channel.reply(received, Health(bad[0] if bad else "OK"))
-
-    async def node_stats(self, request: StatsRequest) -> dict[str, Any]:
-        """The node's stats document: every ready shard's, merged (``aggregate.py``); the
-        supervisor's own figures only with ``include_shards``."""
-        docs = [orjson.loads(r.doc) for r in await self._call_all(request) if isinstance(r, StatsDocument)]
-        doc = merge_stats(docs, self.stats() if request.include_shards else None, request.topic)
-        doc["start_time"] = self.start_time
-        return doc
 
     def _statsd(self) -> StatsdPusher:
         """One pusher per node, here: it sends the figures aggregated over every shard."""
@@ -449,51 +508,29 @@ class Supervisor:
         prefix = statsd_prefix(opts.statsd_prefix, opts.broadcast_address, opts.broadcast_http_port or self.http_port)
         lines = StatsdLines(prefix, opts.statsd_mem_stats, opts.statsd_exclude_ephemeral)
         return StatsdPusher(opts.statsd_address, opts.statsd_interval, opts.statsd_udp_packet_size, lines,
-                            lambda: self.node_stats(StatsRequest(include_clients=False)))
+                            lambda: self.hub.node_stats(StatsRequest(include_clients=False)))
 
     def stats(self) -> dict[str, Any]:
         return {"shards": self.shards, "handoffs": self.handoffs, "http_handoffs": self.http_acceptor.handed,
-                "shard_restarts": sum(s.restarts for s in self.slots),
+                "shard_restarts": sum(s.restarts for s in self.slots), "reloads": self.reloader.reloads,
+                "shards_replaced": self.reloader.replaced, "upgrades": self.upgrader.upgrades,
+                "version": __version__,
                 "shard_status": [{"shard": s.index, "pid": s.pid, "ready": s.is_ready,
-                                  "restarts": s.restarts} for s in self.slots]}
-
-    async def _proxy(self, origin: Slot, msg: Proxy, received: Received) -> None:
-        """An admin call for a topic another shard owns, run at the owner. An owner known to be
-        down (dead, or booting again after a death) is answered at once with an error; one
-        that is booting for the first time or does not answer gets ``PROXY_WAIT`` seconds.
-        The asking shard turns an error into nsqd's ``500 INTERNAL_ERROR``."""
-        answer = await self._run_at_owner(msg)
-        if origin.channel is not None:
-            origin.channel.reply(received, answer)
-
-    async def _run_at_owner(self, msg: Proxy) -> HTTPResponse | Failed:
-        slot = self.slots[msg.shard]
-        deadline = time.monotonic() + PROXY_WAIT
-        if slot.pid == 0 or (slot.restarts and not slot.is_ready) or (slot.channel is not None and slot.channel.closed):
-            return Failed(f"shard {slot.index} is down")
-        try:
-            await asyncio.wait_for(slot.ready.wait(), PROXY_WAIT)
-            if slot.channel is None or slot.channel.closed:
-                raise ConnectionError("closed")
-            reply = await slot.channel.call(msg.at_owner(), wait=max(0.1, deadline - time.monotonic()))
-        except ConnectionError:
-            return Failed(f"shard {slot.index} is down")
-        except TimeoutError:
-            return Failed(f"shard {slot.index} did not answer in {PROXY_WAIT:g}s")
-        if not isinstance(reply, HTTPResponse):
-            return Failed(f"shard {slot.index} answered {reply.op}")
-        return reply
+                                  "restarts": s.restarts, "version": s.version} for s in self.slots]}
 
     # --- main loop ------------------------------------------------------------------------------
     async def main(self) -> int:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in SIGNALS:
             loop.add_signal_handler(signum, self._signals.put_nowait, int(signum))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # blocked across an upgrade's execve
         log.info("pynsqd %s (nsqd v%s compatible), %d shard(s)", __version__, NSQ_VERSION, self.shards)
         log.info("ID: %d", self.opts.node_id)
         log.info("%s", self.log_sizing.describe(self.opts.mem_queue_size, self.host))
         self.metadata.save_now()
-        for slot in self.slots:
+        if self.inherited is not None:
+            self._spawn_task(self.upgrader.resume_shards(self.inherited))
+        for slot in self.slots if self.inherited is None else ():
             try:
                 self.spawn(slot)
             except OSError as exc:
@@ -509,6 +546,12 @@ class Supervisor:
                 self.handle_chld()
                 self.murder(time.monotonic())
                 continue
+            if sig == signal.SIGHUP:
+                self.reloader.request()
+                continue
+            if sig == signal.SIGUSR2:
+                self.upgrader.request()
+                continue
             log.info("received signal %d, shutting down", sig)
             await self.exit()
         if self.fatal:
@@ -517,22 +560,81 @@ class Supervisor:
         return 0
 
     async def _wait_then_accept(self) -> None:
-        for slot in self.slots:
-            await slot.ready.wait()
+        """Accept from the first shard that is ready on: connections for a shard still
+        booting wait for it (``_ready_slot``), as do ``/stats`` and ``/ping``
+        (``_call_each``). The listeners are announced (the log, lookupd, systemd's
+        ``READY=1``) once every shard is ready: a shard that fails to boot stops a node that
+        never said it was up."""
+        waits = [asyncio.ensure_future(slot.ready.wait()) for slot in self.slots]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            loop = asyncio.get_running_loop()
+            for listener, tls in ((self.http_socket, False), (self.https_socket, True)):
+                if listener is not None:
+                    self.http_acceptor.start(loop, listener, tls)
+            self.tcp_acceptor.start(loop)
+            await asyncio.wait(waits)
+        finally:
+            for wait in waits:
+                wait.cancel()
         log.info("TCP: listening on %s", describe(self.tcp_socket))
         if self.http_socket is not None:
             log.info("HTTP: listening on %s", describe(self.http_socket))
         if self.https_socket is not None:
             log.info("HTTPS: listening on %s", describe(self.https_socket))
-        loop = asyncio.get_running_loop()
-        for listener, tls in ((self.http_socket, False), (self.https_socket, True)):
-            if listener is not None:
-                self.http_acceptor.start(loop, listener, tls)
-        if self.opts.statsd_address:
-            self._spawn_task(self._statsd().run())
+        self._start_statsd()
         self.registration.set_addresses(self.opts.lookupd_tcp_address)
+        sdnotify.notify("READY=1", self.status())
+        if self.inherited is not None:  # the shards still run the previous code: replace them
+            log.info("upgraded: this supervisor (pid %d) runs the installed code; replacing the shards", os.getpid())
+            self.reloader.request()
+
+    # --- an upgrade of this supervisor (``upgrade.py``) -------------------------------------------
+    def attach(self, slot: Slot, fd: int) -> None:
+        """Serve ``slot``'s control channel on an inherited (or re-attached) socket."""
+        slot.channel = ControlChannel(socket.socket(fileno=fd), self._on_control, f"shard {slot.index}")
+        slot.channel.on_close = self._channel_closed
+        slot.channel.start(asyncio.get_running_loop())
+
+    @property
+    def lock_fd(self) -> int:
+        return self._lock_fd
+
+    def pause_accepting(self) -> None:
+        """New connections wait in the kernel's backlog (none is refused)."""
+        self.tcp_acceptor.stop()
+        self.http_acceptor.pause()
+
+    def resume_accepting(self) -> None:
+        """An upgrade that did not happen: accepting, lookupd and statsd again."""
+        loop = asyncio.get_running_loop()
+        self.http_acceptor.resume(loop)
         self.tcp_acceptor.start(loop)
-        sdnotify.notify("READY=1", f"STATUS=serving TCP on {describe(self.tcp_socket)}, {self.shards} shard(s)")
+        self._start_statsd()
+        self.registration.set_addresses(self.opts.lookupd_tcp_address)
+
+    async def settle(self) -> None:
+        """Before an ``execve``: until everything under way is done (greetings, hand-offs,
+        calls), every control message sent, the metadata written, lookupd and statsd closed."""
+        if self._statsd_task is not None:
+            self._statsd_task.cancel()
+            self._statsd_task = None
+        while self._tasks or self.http_acceptor.unacknowledged:
+            await asyncio.wait([*self._tasks, *self.http_acceptor.tasks])
+        await self.metadata.flush()
+        await self.registration.close()
+        for slot in self.slots:
+            if slot.channel is not None:
+                await slot.channel.sent()
+
+    def counters(self) -> dict[str, int]:
+        return {"handoffs": self.handoffs, "http_handoffs": self.http_acceptor.handed,
+                "reloads": self.reloader.reloads, "shards_replaced": self.reloader.replaced,
+                "upgrades": self.upgrader.upgrades}
+
+    def status(self) -> str:
+        """The ``STATUS=`` line for systemd."""
+        return f"STATUS=serving TCP on {describe(self.tcp_socket)}, {self.shards} shard(s)"
 
     def _greet(self, accepted: Accepted) -> None:
         """TCP connections: each is read up to its first routing command, then handed to the
@@ -540,7 +642,7 @@ class Supervisor:
         for conn, addr in accepted:
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._spawn_task(greet(conn, addr, self.opts, self.placement.owner, self._handoff))
+            self._spawn_task(greet(conn, addr, self.opts, self.placement.owner, self._handoff, self.upgrader.hurry))
 
     async def exit(self) -> None:
         if self._exited:
@@ -552,6 +654,8 @@ class Supervisor:
         deadline = started + SHUTDOWN_DEADLINE
         if self._accept_task is not None:
             self._accept_task.cancel()
+        self.reloader.stop()
+        self.upgrader.stop()
         self.tcp_acceptor.stop()
         self.http_acceptor.stop()
         for task in list(self._tasks):
@@ -574,6 +678,7 @@ class Supervisor:
         await self.registration.close()
         release_rings(self.rings)
         self.placement.close()
+        self.owner.release()
         os.close(self._lock_fd)
         log.info("exited cleanly in %.3fs", time.monotonic() - started)
 

@@ -1,17 +1,22 @@
 """``nsqd-supervisor`` / ``nsqd``: parse NSQ's flags and run the node as a supervisor with
-``--shards`` shard processes (``arbiter.py``)."""
+``--shards`` shard processes (``arbiter.py``); and ``nsqd-reclaim-shm``, which removes the
+shared memory of stopped nodes whose data path is gone (``node/shmowner.py``)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import uvloop
 
 from pynsqd import NSQ_VERSION, __version__, logs
+from pynsqd.node.boot import IMPORT_CHECK
 from pynsqd.node.config import parse_args
-from pynsqd.options import UsageError, run_cli
+from pynsqd.node.shmowner import reclaim
+from pynsqd.options import Parser, UsageError, run_cli
 from pynsqd.shm.cpu import this_host_refusal
 from pynsqd.supervisor.arbiter import Supervisor
+from pynsqd.supervisor.upgrade import Inherited
 
 
 def _main(argv: list[str]) -> int:
@@ -22,13 +27,40 @@ def _main(argv: list[str]) -> int:
     why = this_host_refusal()
     if why:
         raise UsageError(why)
+    if os.environ.get(IMPORT_CHECK):  # an upgrade's preflight: the installed code runs this far
+        return 0
     logs.setup(opts.log_prefix, opts.log_level)
-    supervisor = Supervisor(opts, opts.shards)
+    supervisor = Supervisor(opts, opts.shards, Inherited.from_environment())
+    supervisor.argv = list(argv)
     return uvloop.run(supervisor.main())
 
 
 def main() -> None:
     run_cli(_main, prog="nsqd")
+
+
+RECLAIM = "nsqd-reclaim-shm"
+
+
+def _reclaim(argv: list[str]) -> int:
+    parser = Parser(prog=RECLAIM, description=(
+        "Remove the shared memory (/dev/shm) left by pynsqd nodes that no longer run and whose "
+        "--data-path was removed or replaced. A running node's, or a stopped one's whose data path "
+        "is still there (a restart recovers it), is never touched. Every nsqd does this at start too."))
+    parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    dry_run = parser.parse_args(argv).dry_run
+    gone = reclaim(dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for g in gone:
+        print(f"{RECLAIM}: {verb} {g.segments} segments ({g.size / (1 << 20):.1f} MiB) of the stopped node "
+              f"on {g.data_path} ({g.reason})")
+    if not gone:
+        print(f"{RECLAIM}: nothing to remove")
+    return 0
+
+
+def reclaim_main() -> None:
+    run_cli(_reclaim, prog=RECLAIM)
 
 
 if __name__ == "__main__":

@@ -118,8 +118,10 @@ class Greeting:
 
 
 async def greet(sock: socket.socket, remote: tuple[Any, ...], opts: NsqdOptions,
-                owner: Callable[[str], int], handoff: HandOff) -> None:
-    """Read ``sock`` up to its routing decision and hand it off (see the module doc)."""
+                owner: Callable[[str], int], handoff: HandOff, hurry: asyncio.Event | None = None) -> None:
+    """Read ``sock`` up to its routing decision and hand it off (see the module doc). Once
+    ``hurry`` is set (the supervisor is about to re-execute itself) a connection still
+    waiting for bytes goes to a shard at once, as after ``IDLE_HANDOFF`` of silence."""
     loop = asyncio.get_running_loop()
     g = Greeting(opts, remote)
     try:
@@ -134,9 +136,8 @@ async def greet(sock: socket.socket, remote: tuple[Any, ...], opts: NsqdOptions,
             if action == "any":
                 await handoff(None, sock, g.state(), g.buf)
                 return
-            try:
-                data = await asyncio.wait_for(loop.sock_recv(sock, READ_SIZE), IDLE_HANDOFF)
-            except TimeoutError:
+            data = await _read(loop, sock, hurry)
+            if data is None:
                 await handoff(None, sock, g.state(), g.buf)
                 return
             if not data:
@@ -145,3 +146,26 @@ async def greet(sock: socket.socket, remote: tuple[Any, ...], opts: NsqdOptions,
             g.buf += data
     except OSError:
         sock.close()
+
+
+async def _read(loop: asyncio.AbstractEventLoop, sock: socket.socket, hurry: asyncio.Event | None) -> bytes | None:
+    """The next bytes of ``sock``; None after ``IDLE_HANDOFF`` of silence or once ``hurry``
+    is set (then nothing read is lost: the read is cancelled before it takes any)."""
+    if hurry is None:
+        try:
+            return await asyncio.wait_for(loop.sock_recv(sock, READ_SIZE), IDLE_HANDOFF)
+        except TimeoutError:
+            return None
+    if hurry.is_set():
+        return None
+    read = asyncio.ensure_future(loop.sock_recv(sock, READ_SIZE))
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait([read, hurried], timeout=IDLE_HANDOFF, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hurried.cancel()
+        if not read.done():
+            read.cancel()
+    if read.done() and not read.cancelled():
+        return read.result()
+    return None

@@ -10,21 +10,29 @@ The order is the supervisor's: what needs no file first (TLS files, then the lis
 addresses and ports, so ``--tcp-address=nohost`` or a port in use touch nothing on disk),
 then the data path: locked, probed for writing (``nsqd.dat`` and the queues' files must be
 writable, and root passes ``access(2)`` whatever the mode, so a file is really created and
-removed), then the placement table and the rings.
+removed), recorded as the owner of its shared memory, then the placement table and the
+rings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import logging
 import os
 import socket
 from collections.abc import Callable
 from types import TracebackType
 
-from pynsqd.node.datapath import lock_data_path
+from pynsqd.node.datapath import lock_data_path, recoverable
+from pynsqd.node.metadata import TopicRecord
 from pynsqd.node.placement import FILENAME, Placement
+from pynsqd.node.shmowner import OwnerRecord, reclaim
 from pynsqd.options import UsageError
+from pynsqd.shm import store
+
+log = logging.getLogger("pynsqd.supervisor")
 
 PROBE = ".pynsqd-start.tmp"
 
@@ -75,8 +83,19 @@ class Startup:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
             os.unlink(probe)
         except OSError as exc:
-            raise UsageError(f"--data-path={self.data_dir} is not writable - {exc.strerror}") from None
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise UsageError(f"--data-path={self.data_dir} is not writable - {exc.strerror}") from None
+            # e.g. /proc, which exists but refuses new files with ENOENT: name the file
+            raise UsageError(f"--data-path={self.data_dir}: cannot create files in it - open {probe}: "
+                             f"{exc.strerror}") from None
         return fd
+
+    def own_shared_memory(self, lock_fd: int) -> OwnerRecord:
+        """Record this node as its segments' owner (``node/shmowner.py``; released on
+        failure, which removes the record if it holds nothing else)."""
+        record = OwnerRecord.claim(self.data_dir, lock_fd)
+        self._undo.append(record.release)
+        return record
 
     def placement(self, shards: int) -> Placement:
         """Open (or create: removed again on failure) the placement table."""
@@ -87,3 +106,24 @@ class Startup:
         if not existed:
             self._undo.append(lambda: os.unlink(path))
         return table
+
+
+def sweep_segments(data_dir: str, topics: list[TopicRecord], keep: set[str], owner: Callable[[str], int]) -> None:
+    """Once per node, before any shard runs: remove the segments of stopped nodes whose data
+    path is gone (``node/shmowner.py``), and this node's segments that belong to no queue of
+    nsqd.dat and hold nothing worth recovering (deleted or ephemeral queues, empty logs).
+    Segments with messages of a durable queue missing from nsqd.dat stay: the topic's
+    ``owner`` recreates the queue when it boots. ``keep``: this run's rings and owner record,
+    and leftover rings whose messages could not be stored yet."""
+    for gone in reclaim(keep=data_dir):
+        log.info("removed the shared memory of a stopped node on %s (%s): %d segments, %.1f MiB",
+                 gone.data_path, gone.reason, gone.segments, gone.size / (1 << 20))
+    queues = ([("topic", t.name) for t in topics]
+              + [("channel", f"{t.name}:{c.name}") for t in topics for c in t.channels])
+    claimed = store.claimed_names(data_dir, queues) | keep
+    for shm_name, kind, name, records in store.leftovers(data_dir, claimed):
+        if recoverable(kind, name, records):
+            log.warning("%s %s: found in shared memory only; shard %d recovers it", kind.upper(), name,
+                        owner(name.partition(":")[0]))
+        else:
+            store.unlink_segment(shm_name)

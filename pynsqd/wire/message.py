@@ -30,6 +30,7 @@ _twin = compiled_twin("pynsqd.wire._idrecords")
 _make_records = idrecords.make_records if _twin is None else _twin.make_records
 
 HEADER = struct.Struct(">qH16s")
+TS_ATTEMPTS = struct.Struct(">qH")  # the header before the id: a new message's prefix
 HEADER_SIZE = HEADER.size  # 26
 ATTEMPTS = struct.Struct(">H")
 ATTEMPTS_OFFSET = 8
@@ -154,12 +155,18 @@ class IdFactory:
         return out
 
     def next_id(self) -> bytes:
-        """One new id (``next_ids(1)[0]`` without its loop: a single PUB's path)."""
+        """One new id (``next_ids(1)[0]`` without its loop)."""
+        return self.next_record(b"", b"")
+
+    def next_record(self, prefix: bytes, body: bytes) -> bytes:
+        """One message, ``next_records(prefix, [body])[0]`` without the range arithmetic:
+        a single PUB's path."""
         now = self._now_tick()
         if now > self._tick:
             self._tick, self._seq = now, 0
         seq = self._seq
         if seq >= self._seq_max:
-            return self.next_ids(1)[0]
+            return self.next_records(prefix, [body])[0]
         self._seq = seq + 1
-        return b"%016x" % ((self._tick << _TS_SHIFT) | self._prefix | self._shard | (seq << self._shard_bits))
+        first = (self._tick << _TS_SHIFT) | self._prefix | self._shard | (seq << self._shard_bits)
+        return _make_records(prefix, first, 1, (body,))[0]

@@ -12,9 +12,18 @@ MAX_NAME_LENGTH = 64
 _VALID = re.compile(r"[.a-zA-Z0-9_-]+(?:#ephemeral)?")
 
 
+_VALID_BYTES = re.compile(_VALID.pattern.encode())
+
+
 def is_valid_name(name: str) -> bool:
     """True when ``name`` is a valid topic or channel name."""
     return 0 < len(name) <= MAX_NAME_LENGTH and _VALID.fullmatch(name) is not None
+
+
+def is_valid_name_bytes(name: bytes) -> bool:
+    """``is_valid_name`` of a name as it came off the wire (the rule is ASCII only, so bytes
+    that are not are invalid either way)."""
+    return 0 < len(name) <= MAX_NAME_LENGTH and _VALID_BYTES.fullmatch(name) is not None
 
 
 is_valid_topic_name = is_valid_name

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 TIMEOUT_SCALE = float(os.environ.get("PYNSQD_TEST_TIMEOUT_SCALE", "1"))
@@ -47,9 +49,11 @@ class Daemon:
 
     def __init__(self, module: str, args: Sequence[str], listeners: Sequence[str] = ("TCP", "HTTP"),
                  env: dict[str, str] | None = None, cwd: str | None = None,
-                 limits: dict[int, tuple[int, int]] | None = None, wrapper: Sequence[str] = ()) -> None:
+                 limits: dict[int, tuple[int, int]] | None = None, wrapper: Sequence[str] = (),
+                 python_flags: Sequence[str] = ()) -> None:
         self.module = module
         self.wrapper = list(wrapper)  # a command to run the daemon under (e.g. strace -f)
+        self.python_flags = list(python_flags)  # the interpreter's own (e.g. -P)
         self.args = list(args)
         self.listeners = tuple(listeners)
         self.env = env
@@ -70,7 +74,7 @@ class Daemon:
         self.lines = []
         self.addresses = {}
         self.proc = subprocess.Popen(
-            [*self.wrapper, sys.executable, "-m", self.module, *self.args],
+            [*self.wrapper, sys.executable, *self.python_flags, "-m", self.module, *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, cwd=self.cwd, start_new_session=True,
             preexec_fn=self._set_limits if self.limits else None,
@@ -206,3 +210,29 @@ def remove_segments(daemons: Sequence[Daemon]) -> None:
     for path in {arg.partition("=")[2] for d in daemons for arg in d.args if arg.startswith("--data-path=")}:
         for name in list_segments(path):
             unlink_segment(name)
+
+
+def without_file_permission_overrides() -> list[str]:
+    """A command prefix that runs a process under file modes as they are: as root, without
+    the capabilities that let it ignore them (``setpriv``; the test is skipped when there is
+    none); nothing for another user."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        import pytest
+        pytest.skip("setpriv is needed to run without CAP_DAC_OVERRIDE as root")
+    caps = "-dac_override,-dac_read_search,-fowner"
+    return ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+
+
+def decoy_checkout(directory: Path) -> Path:
+    """Make ``directory`` hold a ``pynsqd/`` package that is not ours (a working directory
+    holding another checkout): importing it, or its ``shard`` or ``spark`` package, appends
+    the module's name to the returned file and fails."""
+    imported = directory.parent / f"{directory.name}-imported"
+    for package in ("pynsqd", "pynsqd/shard", "pynsqd/spark"):
+        (directory / package).mkdir(parents=True)
+        (directory / package / "__init__.py").write_text(
+            f"open({str(imported)!r}, 'a').write(__name__ + '\\n')\n"
+            "raise ImportError('the decoy package was imported')\n")
+    return imported

@@ -93,10 +93,12 @@ class Producer:
         self._writer: asyncio.StreamWriter | None = None
         self._parser = FrameParser()
         self._frames: list[tuple[int, bytes]] = []
+        self._keeper: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         self._reader, self._writer = await asyncio.open_connection(*self.address)
         self._writer.write(MAGIC_V2)
+        self._keeper = asyncio.get_running_loop().create_task(_close_when_cancelled(self._writer))
 
     async def mpub(self, topic: str, bodies: list[bytes]) -> None:
         """Publish and wait for the answer. Raises ``ConnectionError`` on an error frame."""
@@ -113,5 +115,17 @@ class Producer:
         self.acked.extend(bodies)
 
     def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
         if self._writer is not None:
             self._writer.close()
+
+
+async def _close_when_cancelled(writer: asyncio.StreamWriter) -> None:
+    """Hold a producer's connection in a task, as a consumer's is: when a test fails before
+    ``close``, the loop's runner cancels the task, which closes the connection (a transport
+    left open keeps the loop from closing, uvloop's EBUSY, and warns after the test)."""
+    try:
+        await asyncio.get_running_loop().create_future()
+    finally:
+        writer.close()

@@ -152,6 +152,20 @@ class RawClient:
             out += data
         return out
 
+    def negotiate(self, tls: ssl.SSLContext | None = None, compression: str = "") -> None:
+        """IDENTIFY asking for TLS (``tls``: the client's context) and/or ``compression``
+        (snappy or deflate), then run the upgrades, each acknowledged with OK."""
+        fields: dict[str, Any] = {"tls_v1": tls is not None}
+        if compression:
+            fields[compression] = True
+        self.identify(**fields)
+        if tls is not None:
+            self.start_tls(tls)
+            self.expect_ok()
+        if compression:
+            self.start_compression(compression)
+            self.expect_ok()
+
     def subscribe(self, topic: str, channel: str, rdy: int | None = None) -> None:
         self.send(encode_sub(topic, channel))
         self.expect_ok()

@@ -57,6 +57,13 @@ def committed(spark: Any, path: Path) -> Any:
         return None
 
 
+def rows_committed(path: Path) -> bool:
+    """The Parquet file sink committed a batch with rows (its metadata log names a file):
+    a directory listing, not a Spark job, so a kill right after it comes mid-stream."""
+    log = path / "_spark_metadata"
+    return log.exists() and any(f.name.isdigit() and len(f.read_text().splitlines()) > 1 for f in log.iterdir())
+
+
 def committed_count(spark: Any, path: Path) -> int:
     df = committed(spark, path)
     return 0 if df is None else int(df.count())
@@ -239,14 +246,16 @@ def start_standalone(tmp: Path, workers: int = 1, isolated: bool = False,
 class Pipeline:
     """``nsq_spark_pipeline`` as a subprocess (its own process group, so its JVM dies with it)."""
 
-    def __init__(self, args: list[str], log: Path, submit: list[str] | None = None) -> None:
+    def __init__(self, args: list[str], log: Path, submit: list[str] | None = None,
+                 cwd: Path | None = None) -> None:
         """``submit``: launch it with ``spark-submit`` and these options (the script is
-        ``pynsqd/spark/pipeline.py``), else as ``python -m pynsqd.spark.pipeline``."""
+        ``pynsqd/spark/pipeline.py``), else as the installed ``nsq_spark_pipeline`` command
+        (in ``cwd``, if given)."""
         self.log = log
         self._out = open(log, "ab")
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
         if submit is None:
-            command = [sys.executable, "-m", "pynsqd.spark.pipeline", *args]
+            command = [str(Path(sys.executable).parent / "nsq_spark_pipeline"), *args]
         else:
             from pyspark.find_spark_home import _find_spark_home
 
@@ -255,7 +264,7 @@ class Pipeline:
             command = [str(Path(_find_spark_home()) / "bin" / "spark-submit"), *submit,
                        pynsqd.spark.pipeline.__file__, *args]
         self.proc = subprocess.Popen(command, stdout=self._out, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, cwd=cwd)
         self.lock = threading.Lock()
 
     def output(self) -> str:

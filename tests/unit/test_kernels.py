@@ -1,12 +1,13 @@
 """The compiled kernels against their pure-Python twins. The log's (``pynsqd.shm._logscan``,
 ``pynsqd.shm.logscan``): the same calls on two copies of one log leave the same bytes and
 return the same values, through wraps, empty runs, the largest records, attempts that carry
-and wrap, messages shorter than NSQ's header and corrupt frames. The MPUB scan's
-(``pynsqd.wire._mpubscan``, ``pynsqd.wire.mpubscan``): the same messages and errors at every
-point of a body's arrival. The records' (``pynsqd.wire._idrecords``, ``pynsqd.wire.idrecords``):
-the same bytes for any bodies and id range. The frame runs' (``pynsqd.wire._frameruns``,
-``pynsqd.wire.frameruns``): the same message frames found in any stream cut anywhere, and the
-same answer lines. ``PYNSQD_PURE=1`` makes the callers pick the pure ones."""
+and wrap, messages shorter than NSQ's header and corrupt frames, and a log recovered in
+steps (states, then ids). The MPUB scan's (``pynsqd.wire._mpubscan``,
+``pynsqd.wire.mpubscan``): the same messages and errors at every point of a body's arrival.
+The records' (``pynsqd.wire._idrecords``, ``pynsqd.wire.idrecords``): the same bytes for any
+bodies and id range. The frame runs' (``pynsqd.wire._frameruns``, ``pynsqd.wire.frameruns``):
+the same message frames found in any stream cut anywhere, and the same answer lines.
+``PYNSQD_PURE=1`` makes the callers pick the pure ones."""
 
 from __future__ import annotations
 
@@ -214,6 +215,73 @@ def test_any_sequence_of_appends_deliveries_fins_and_releases(ops: list[tuple[in
         twins.close()
 
 
+def recover_both(twins: Twins, steps: int) -> tuple[list[Any], list[set[bytes]]]:
+    """``recover_run`` then ``live_ids`` (all, then among the even ids) over each log in
+    steps of ``steps`` records, pure on the first and compiled on the second: each step's
+    results, and the ids found."""
+    results: list[list[Any]] = [[], []]
+    found: list[set[bytes]] = [set(), set()]
+    for i, (impl, log) in enumerate(zip((pure, compiled), twins.logs)):
+        fixed = (log._buf, log._cap, log.read_index, log.write_index)
+        cursor = 0
+        try:
+            while cursor < log.write_index:
+                step = impl.recover_run(*fixed, cursor, steps)
+                results[i].append(step)
+                cursor = step[0]
+            for among in (None, {b"%016d" % n for n in range(0, 400, 2)}):
+                cursor = 0
+                while cursor < log.write_index:
+                    cursor = impl.live_ids(*fixed, cursor, steps, among, found[i])
+                results[i].append(sorted(found[i]))
+        except RingError as exc:
+            results[i].append((type(exc), str(exc)))
+    assert results[0] == results[1] and found[0] == found[1]
+    assert twins.bufs[0] == twins.bufs[1]
+    return results[0], found
+
+
+def test_recovery_in_steps_is_the_same_byte_for_byte() -> None:
+    twins = Twins(8192)
+    cursor = 0
+    for round_ in range(12):  # round the area, so that runs wrap; every state on the way
+        batch = [msg(round_ * 10 + i, 3 + (round_ * 7 + i * 13) % 120) for i in range(1 + round_ % 5)]
+        twins.each(lambda log, batch=batch: log.append_ready(batch))
+        positions, cursor, _, _ = deliver(twins, cursor, 2 + round_ % 3)
+        finish(twins, positions[::2])
+        for log in twins.logs:
+            for pos in positions[1::4]:
+                log.set_deferred(pos, 10**18 + pos)
+        if round_ % 3 == 0:
+            twins.release()
+    twins.each(lambda log: log.append_ready([b"short", msg(399)]))  # no id in the first
+    for steps in (1, 3, 1000):
+        results, found = recover_both(twins, steps)
+        walked = sum(step[1] for step in results[:-2])
+        assert walked == len(twins.logs[0])  # every record, live or done, once
+        assert b"%016d" % 399 in found[0]
+    assert not twins.run("find", 0, 1000, IN_FLIGHT)[0][0]  # in flight became ready
+    twins.close()
+
+
+@pytest.mark.parametrize("damage", ["length", "state", "wrap"])
+def test_recovery_of_a_corrupt_log_raises_the_same_ring_error(damage: str) -> None:
+    twins = Twins(1024)
+    twins.each(lambda log: log.append_ready([msg(i) for i in range(3)]))
+    second = twins.run("find", 0, 10, READY)[0][0][0][0][1] - FRAME_SIZE
+    for buf in twins.bufs:
+        at = HEADER_SIZE + second
+        if damage == "length":
+            FRAME.pack_into(buf, at, 900, 900 ^ 0xFFFFFFFF)
+        elif damage == "state":
+            buf[at + FRAME_SIZE] = 9
+        else:
+            FRAME.pack_into(buf, at, 0xFFFFFFFF, 0)
+    results, _ = recover_both(twins, 10)
+    assert results[-1][0] is RingError
+    twins.close()
+
+
 def test_pynsqd_pure_picks_the_pure_kernels() -> None:
     code = ("import pynsqd.shm.kernels as k, pynsqd.shm.logscan as p, pynsqd.wire.commands as c;"
             "import pynsqd.client.batch as b;"
@@ -304,6 +372,46 @@ def test_records_compiled_and_pure_make_the_same_bytes(bodies: list[bytes], firs
     want = idrecords.make_records(prefix, first, step, bodies)
     assert twin.make_records(prefix, first, step, bodies) == want
     assert [r[10:26] for r in want] == [b"%016x" % (first + i * step) for i in range(len(bodies))]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3000), st.sampled_from([b"", b"L" * 16]), st.integers(0, 4)),
+                min_size=1, max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_put_one_appends_what_the_pure_append_does(steps: list[tuple[int, bytes, int]]) -> None:
+    # one record at a time into two rings, taking some out between (so appends meet the end
+    # of the area, wrap markers and a full ring): the same answers and the same bytes
+    twins = Twins(4096)
+    for i, (size, lead, take) in enumerate(steps):
+        record = bytes([i & 0xFF]) * size
+        got = [impl.put_one(log._buf, log._words, log._cap, log.max_frame, lead, record)
+               for impl, log in zip((pure, compiled), twins.logs)]
+        assert got[0] == got[1], (i, size)
+        assert twins.bufs[0] == twins.bufs[1]
+        taken = [log.take_many(take) for log in twins.logs]
+        assert taken[0] == taken[1]
+    left = twins.each(lambda log: log.take_many(1000))
+    assert left[0] == left[1]
+
+
+def test_put_one_refuses_a_buffer_smaller_than_its_area() -> None:
+    log = MessageLog(bytearray(buffer_size(4096)), init=True)
+    with pytest.raises(ValueError, match="no 8192-byte record area"):
+        compiled.put_one(log._buf, log._words, 8192, log.max_frame, b"", b"x")
+
+
+def test_one_record_is_next_records_of_one_on_both_kernels() -> None:
+    from pynsqd.wire import message
+
+    for make in (idrecords.make_records, message._make_records):
+        before = message._make_records
+        message._make_records = make
+        try:
+            one = message.IdFactory(7, 1, 2, clock=lambda: 1_700_000_000_000_000_000)
+            batch = message.IdFactory(7, 1, 2, clock=lambda: 1_700_000_000_000_000_000)
+            assert one.next_record(b"P" * 10, b"body") == batch.next_records(b"P" * 10, [b"body"])[0]
+            assert one.next_id() == batch.next_ids(1)[0]
+        finally:
+            message._make_records = before
 
 
 # -- frame runs --------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from pynsqd.shard.queue import DropBackend, MessageQueue
 from pynsqd.shm.diskqueue import DiskQueue, DiskQueueError
 from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, READY_HEADER, MessageLog
+from pynsqd.shm.logrecovery import LogScan
 from pynsqd.shm.ring import buffer_size
 from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, HEADER
 
@@ -44,7 +45,7 @@ def test_walk_skips_records_in_other_states_and_release_passes_done() -> None:
     assert pos is not None and log.message_at(pos) == (DEFERRED, 77, msg(9))
 
 
-def test_recover_states_after_a_restart() -> None:
+def test_recovery_in_steps_after_a_restart() -> None:
     buf, log = new_log()
     log.append_ready([msg(i) for i in range(5)])
     positions, _, _ = log.walk(0, 5)
@@ -53,9 +54,12 @@ def test_recover_states_after_a_restart() -> None:
     log.set_state(positions[2], DONE)
     log.close()
     again = MessageLog(buf, init=False)  # what the next process sees
-    ready, deferred, live = again.recover_states()
-    assert (ready, live) == (3, 4)
-    assert deferred == [(positions[1], 999, msg(1))]
+    scan = LogScan(again)
+    found = []
+    while not scan.done:  # one record a step
+        found.append(scan.step(1))
+    assert len(found) == 5 and (scan.ready, scan.live, scan.walked) == (3, 4, 5)
+    assert found[1] == (0, 1, [(positions[1], 999, msg(1))])
     _, messages, _ = again.walk(0, 10)
     assert [m[10:] for m in messages] == [msg(i)[10:] for i in (0, 3, 4)]  # in flight → ready
     assert ATTEMPTS.unpack_from(messages[0], ATTEMPTS_OFFSET)[0] == 3  # attempts kept

@@ -475,3 +475,23 @@ def test_fin_runs_keep_a_tiny_line_limit() -> None:
     # a FIN line (21 bytes) is too long for max_line=10 on both paths
     assert norm(CommandParser(max_line=10, fin_runs=True).feed(b"FIN 0123456789abcdef\n")) == [
         ("ERROR", "E_INVALID", "command line too long")]
+
+
+_TOPICS = st.sampled_from([b"t", b"a.b_c-9", b"t#ephemeral", b"x" * 64, b"x" * 65, b"", b"t\r", b"t t", b"t\xff",
+                           b"\xc3\xa9", b"t#eph"])
+
+
+@given(mpub=st.booleans(), topic=_TOPICS, body=st.binary(max_size=40), count=st.integers(0, 2),
+       size_delta=st.integers(-2, 2), msg_delta=st.integers(-2, 2), tail=st.binary(max_size=3),
+       max_line=st.sampled_from([8, 16 * 1024]))
+@settings(max_examples=1000, deadline=None)
+def test_one_publish_in_one_read_parses_as_the_general_path(
+        mpub: bool, topic: bytes, body: bytes, count: int, size_delta: int, msg_delta: int, tail: bytes,
+        max_line: int) -> None:
+    # a read that is one whole PUB or MPUB of one message takes a shortcut; near-misses
+    # around it must come out as the general path gives them (bytewise: no shortcut)
+    payload = size(count) + size(len(body) + msg_delta) + body if mpub else body
+    data = (b"MPUB " if mpub else b"PUB ") + topic + b"\n" + size(len(payload) + size_delta) + payload + tail
+    limits = {"max_msg_size": 32, "max_body_size": 44, "max_line": max_line}
+    whole = norm(CommandParser(**limits).feed(data))
+    assert whole == norm(feed_bytewise(CommandParser(**limits), data))
