@@ -218,6 +218,7 @@ def main() -> None:
     args.messages = args.messages or (1_000_000 if args.pipeline else 300_000)
     args.warmup = args.warmup or args.messages
     tmp = tempfile.mkdtemp(prefix="bench-spark-")
+    os.mkdir(f"{tmp}/data")  # the node runs in it
     if args.pipeline:
         from bench import spark_pipeline
 

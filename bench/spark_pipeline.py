@@ -382,7 +382,7 @@ def main(args: argparse.Namespace, tmp: str, make_session: Any) -> None:
                 for kind in order:
                     run[kind] = one(spark, args, tmp, node, n, kind)
                 for kind in kinds:  # each to the ceiling of its own run
-                    if "ceiling" in run and "steady" in run[kind]:
+                    if run.get("ceiling", {}).get("steady") and "steady" in run[kind]:
                         run[kind]["x_ceiling"] = run[kind]["steady"] / run["ceiling"]["steady"]
                 figures.append(run)
                 print(f"run {n + 1} (load {os.getloadavg()[0]:.1f}): "
