@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from pynsqd.client import SyncProducer
-from tests.support.harness import Daemon, decoy_checkout, wait_for
+from tests.support.harness import Daemon, decoy_checkout, scaled, wait_for
 from tests.support.spark_helpers import (
     Pipeline,
     channel_stats,
@@ -333,7 +333,7 @@ def test_bad_options_are_clear_errors(spark: Any, nsqd_factory: Callable[..., Da
 
     with pytest.raises((PySparkException, Py4JJavaError, ValueError), match="option topic is required"):
         spark.readStream.format("nsq").option("nsqdTCPAddresses", "127.0.0.1:1").option("channel", "c").load() \
-            .writeStream.format("console").start().awaitTermination(5)
+            .writeStream.format("console").start().awaitTermination(scaled(120))  # raises once it fails
     with pytest.raises((PySparkException, Py4JJavaError, ValueError), match="'body' column"):
         spark.range(1).write.format("nsq").mode("append").option("nsqdTCPAddress", "127.0.0.1:1") \
             .option("topic", "t").save()
