@@ -46,9 +46,10 @@ from typing import Any, Protocol
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.metadata import ChannelRecord, TopicRecord
 from pynsqd.options import MS
+from pynsqd.shard.backend import Backend, DropBackend
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.latency import LatencyWindow
-from pynsqd.shard.queue import Backend, DropBackend, MessageQueue
+from pynsqd.shard.queue import MessageQueue
 from pynsqd.shard.recovery import BOOT, Recovery, match_channels, recover_channel, recover_topic
 from pynsqd.shard.syncer import Syncer
 from pynsqd.shard.topic import Topic

@@ -8,8 +8,9 @@ import socket
 from typing import Any
 
 from pynsqd.node.config import NsqdOptions
+from pynsqd.shard.backend import Backend
 from pynsqd.shard.broker import QueueFactory
-from pynsqd.shard.queue import Backend, MessageQueue, segment_queue
+from pynsqd.shard.queue import MessageQueue, segment_queue
 from pynsqd.shm.sizing import Grower, Host, HostRoom, LogSizing, plan
 
 

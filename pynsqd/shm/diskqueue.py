@@ -23,7 +23,7 @@ stale metadata; opening repairs what it finds:
   than recorded: the files are scanned to rebuild the depth, writing moves to a fresh file;
 * a stale read position re-delivers records read since the last sync (at least once),
   unless the owner kept the committed position where a crash cannot lose it and hands it
-  back with ``skip_to`` (``pynsqd.shard.queue`` keeps it in shared memory).
+  back with ``skip_to`` (``pynsqd.shard.refill`` keeps it in shared memory).
 
 ``peek_many`` reads records without consuming them and ``commit`` consumes everything peeked
 (or only the first ``count``: the reader moves back and the rest are read again):

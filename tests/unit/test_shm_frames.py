@@ -17,10 +17,11 @@ from pynsqd.node.config import NsqdOptions
 from pynsqd.node.crossrecord import FRAMED_MIN, decode_batch, encode_batch
 from pynsqd.node.datapath import make_backend
 from pynsqd.node.rings import create_rings, release_rings, ring_name
+from pynsqd.shard.backend import DropBackend
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.crossshard import DRAIN_BYTES, Inbound
 from pynsqd.shard.node import queue_factory
-from pynsqd.shard.queue import DropBackend, MessageQueue, segment_queue
+from pynsqd.shard.queue import MessageQueue, segment_queue
 from pynsqd.shm.frames import FRAME, WRAP, Frames, RingError, check_frames, frame_records
 from pynsqd.shm.log import READY_HEADER, check_ready, frame_ready
 from pynsqd.shm.ring import ByteRing, buffer_size

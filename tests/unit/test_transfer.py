@@ -11,8 +11,9 @@ import socket
 from pynsqd.node.control import ControlChannel, Received, channel_pair
 from pynsqd.node.identify import Settings
 from pynsqd.node.messages import ConnectionState, Done, Ready, StatsRequest
+from pynsqd.shard.backend import DropBackend
 from pynsqd.shard.channel import Channel
-from pynsqd.shard.queue import DropBackend, MessageQueue
+from pynsqd.shard.queue import MessageQueue
 from pynsqd.shard.transfer import MovedClient, Part
 from pynsqd.shm.log import IN_FLIGHT, MessageLog
 from pynsqd.shm.ring import buffer_size
