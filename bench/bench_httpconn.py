@@ -29,10 +29,8 @@ import uvloop
 
 from pynsqd.httpconn import http_protocol
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.datapath import make_backend
-from pynsqd.shard.broker import Broker
 from pynsqd.shard.http import NsqdHTTP
-from pynsqd.shard.node import queue_factory
+from pynsqd.shard.node import make_broker
 from pynsqd.shm.segment import list_segments, unlink_segment
 
 
@@ -61,7 +59,7 @@ class CountingTransport:
 async def serve(args: argparse.Namespace, data: str) -> float:
     """CPU seconds for ``args.requests`` requests."""
     opts = NsqdOptions(data_path=data, mem_queue_size=args.requests + 1)
-    broker = Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+    broker = make_broker(opts)
     try:
         app = NsqdHTTP(broker, opts, {}, lambda: None, lambda _: None)
         protocol = http_protocol(app)

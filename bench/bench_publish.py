@@ -28,9 +28,8 @@ import time
 from collections.abc import Callable
 
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.datapath import make_backend
 from pynsqd.shard.broker import Broker
-from pynsqd.shard.node import queue_factory
+from pynsqd.shard.node import make_broker
 from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.commands import CommandParser
 
@@ -43,7 +42,7 @@ except ImportError:  # a tree without the kernels module
 
 def _broker(data: str) -> Broker:
     opts = NsqdOptions(data_path=data, mem_queue_size=1_000_000)
-    return Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+    return make_broker(opts)
 
 
 def _phases(args: argparse.Namespace, data: str) -> dict[str, Callable[[], int]]:

@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.datapath import make_backend
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.channel import Channel
-from pynsqd.shard.node import queue_factory
+from pynsqd.shard.node import make_broker
 from pynsqd.shard.queue import segment_queue
 from pynsqd.shard.refill import Refill
 from pynsqd.shm import sidecar
@@ -227,7 +226,7 @@ def test_a_topic_killed_while_handing_messages_on_gives_no_channel_one_twice(
     opts = NsqdOptions(data_path=data_path, mem_queue_size=1000)
 
     def broker() -> Broker:
-        return Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+        return make_broker(opts)
 
     first = broker()
     topic = first.get_topic("t")
