@@ -369,15 +369,16 @@ class Consumer:
     # --- messages ---------------------------------------------------------------------------
     def _attach(self, conn: _Conn) -> None:
         """Route ``conn``'s messages to this consumer (``BatchConsumer`` routes runs instead)."""
-        conn.proto.on_message = lambda raw: self._on_message(conn, raw)
+        answers = Answers(self, conn)
+        conn.proto.on_message = lambda raw: self._on_message(answers, raw)
 
-    def _on_message(self, conn: _Conn, raw: RawMessage) -> None:
+    def _on_message(self, answers: Answers, raw: RawMessage) -> None:
         timestamp, attempts, msg_id, body = raw
         self.stats["received"] += 1
         self._in_flight += 1
         self._idle.clear()
-        self.rdy.on_message(conn.address, self._loop.time())
-        msg = Message(self, conn, msg_id, body, attempts, timestamp)
+        self.rdy.on_message(answers.conn.address, self._loop.time())
+        msg = Message(answers, msg_id, body, attempts, timestamp)
         if 0 < self.max_attempts < attempts:
             self.stats["discarded"] += 1
             if self.on_discard is not None:
@@ -387,7 +388,7 @@ class Consumer:
                     log.exception("on_discard failed for %r", msg)
             if not msg.responded:
                 msg.responded = True
-                self._answer(msg, encode_fin(msg.id), None)
+                answers.answer(encode_fin(msg.id), 1, None)
             return
         if self._is_coroutine:
             self._track(self._run_async(msg))
@@ -436,23 +437,6 @@ class Consumer:
         else:
             msg.finish()
 
-    def _finish(self, msg: Message) -> None:
-        self.stats["finished"] += 1
-        self._answer(msg, encode_fin(msg.id), True)
-
-    def _requeue(self, msg: Message, delay: float | None, backoff: bool) -> None:
-        if delay is None:
-            delay = min(self.requeue_delay * msg.attempts, self.max_requeue_delay)
-        self.stats["requeued"] += 1
-        self._answer(msg, encode_req(msg.id, max(0, int(delay * 1000))), False if backoff else None)
-
-    def _touch(self, msg: Message) -> None:
-        msg._conn.send(encode_touch(msg.id))
-
-    def _answer(self, msg: Message, command: bytes, success: bool | None) -> None:
-        msg._conn.send(command)
-        self._answered(msg._conn, 1, success)
-
     def _answered(self, conn: _Conn, count: int, success: bool | None) -> None:
         """``count`` messages delivered on ``conn`` were answered (the commands are sent):
         in-flight and RDY bookkeeping, one backoff result (``success`` None: none)."""
@@ -471,4 +455,44 @@ class Consumer:
                 self._send_rdy(conn.address, want)
 
 
-__all__ = ["Consumer", "Handler", "ResponseError"]
+class Answering:
+    """Answers to what one connection delivered to a consumer: they go out on that
+    connection, and the consumer counts them (in flight, RDY, backoff)."""
+
+    __slots__ = ("conn", "consumer")
+
+    def __init__(self, consumer: Consumer, conn: _Conn) -> None:
+        self.consumer = consumer
+        self.conn = conn
+
+    @property
+    def nsqd_address(self) -> str:
+        return self.conn.address
+
+    def answer(self, commands: bytes, count: int, success: bool | None) -> None:
+        """Send the answers of ``count`` messages (``success``: the backoff result, None for none)."""
+        self.conn.send(commands)
+        self.consumer._answered(self.conn, count, success)
+
+
+class Answers(Answering):
+    """The ``Responder`` of the messages one connection delivers (``message.Message``)."""
+
+    __slots__ = ()
+
+    def finish(self, message: Message) -> None:
+        self.consumer.stats["finished"] += 1
+        self.answer(encode_fin(message.id), 1, True)
+
+    def requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
+        consumer = self.consumer
+        if delay is None:
+            delay = min(consumer.requeue_delay * message.attempts, consumer.max_requeue_delay)
+        consumer.stats["requeued"] += 1
+        self.answer(encode_req(message.id, max(0, int(delay * 1000))), 1, False if backoff else None)
+
+    def touch(self, message: Message) -> None:
+        self.conn.send(encode_touch(message.id))
+
+
+__all__ = ["Answering", "Answers", "Consumer", "Handler", "ResponseError"]
