@@ -100,7 +100,7 @@ from pynsqd.supervisor.slots import Slot
 from pynsqd.supervisor.startup import Startup, sweep_segments
 from pynsqd.supervisor.statsd import StatsdLines, StatsdPusher, statsd_prefix
 from pynsqd.supervisor.topictable import MetadataWriter, TopicTable
-from pynsqd.supervisor.upgrade import SIGNALS, Inherited, Upgrader
+from pynsqd.supervisor.upgrade import SIGNALS, Inherited, InheritedShard, Upgrader
 from pynsqd.wire.lookup import IdentifyInfo
 from pynsqd.wire.names import is_ephemeral, is_valid_name
 
@@ -151,7 +151,7 @@ class Supervisor:
         }
         self.argv: list[str] = sys.argv[1:]  # the command line, read again by a reload
         self.reloader = Reloader(self)
-        self.upgrader = Upgrader(self)
+        self.upgrader = Upgrader(self, self.reloader)
         if inherited is not None:
             counters = inherited.counters
             self.handoffs, self.http_acceptor.handed = counters["handoffs"], counters["http_handoffs"]
@@ -626,6 +626,17 @@ class Supervisor:
         for slot in self.slots:
             if slot.channel is not None:
                 await slot.channel.sent()
+
+    def inherited_state(self) -> Inherited:
+        """What the next image takes over (``upgrade.py``); the control channels are let go of
+        (not closed)."""
+        shards = [InheritedShard(s.index, s.pid, s.channel.detach() if s.channel is not None else -1,
+                                 s.heartbeat.fd, s.restarts, s.version) for s in self.slots]
+        return Inherited(tcp_fd=self.tcp_socket.fileno(),
+                         http_fd=self.http_socket.fileno() if self.http_socket else -1,
+                         https_fd=self.https_socket.fileno() if self.https_socket else -1, lock_fd=self.lock_fd,
+                         owner_fd=self.owner.fd, wake_fds=self.wake_fds, shards=shards, start_time=self.start_time,
+                         start_ns=self.start_ns, log_sizing=self.log_sizing, counters=self.counters())
 
     def counters(self) -> dict[str, int]:
         return {"handoffs": self.handoffs, "http_handoffs": self.http_acceptor.handed,
