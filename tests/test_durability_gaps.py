@@ -28,6 +28,7 @@ from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.commands import encode_dpub, encode_fin
 from pynsqd.wire.message import HEADER
 from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.queues import recover
 from tests.support.rawclient import RawClient
 
 log = logging.getLogger("test.gaps")
@@ -70,7 +71,7 @@ def test_deferred_messages_without_room_survive_a_crash(data_path: str) -> None:
 
     again = segment_queue(data_path, 1000, 4096, "channel", "t:c", disk_queue(data_path, "t:c"))
     assert again.recovering
-    deferred = again.recover()
+    deferred = recover(again)
     assert {m[26:]: due for _, due, m in deferred} == sent  # every one, with its due time
     unplaced = [m for pos, _, m in deferred if pos < 0]
     assert unplaced and again.files.journaled == len(unplaced)
@@ -95,7 +96,7 @@ def test_journaled_messages_stored_elsewhere_are_not_loaded_again_after_a_crash(
     assert q.backend_depth == 10 and Path(q.files.journal).exists()
     _crash(q)
     again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
-    bodies = [m[26:] for _, _, m in again.recover()]  # the log's and the journal's
+    bodies = [m[26:] for _, _, m in recover(again)]  # the log's and the journal's
     bodies += [m[26:] for m in again.backend.peek_many(100)]  # and the disk queue's
     assert sorted(bodies) == [b"dpub %03d" % i for i in range(200)]
     again.close(delete=True)
@@ -113,7 +114,7 @@ def test_journal_goes_once_drained_and_a_torn_tail_loses_only_that_append(data_p
         out.write(b"\0" * 11)
     _crash(q)
     again = segment_queue(data_path, 1000, 4096, "topic", "t", disk_queue(data_path, "t"))
-    bodies = sorted(m[26:] for _, _, m in again.recover())
+    bodies = sorted(m[26:] for _, _, m in recover(again))
     assert bodies.count(b"second") == 1 and b"fill" in bodies
     # the journal was rewritten without the torn bytes, so later appends are readable
     assert all(len(m) > 26 for _, m in sidecar.read_journal(again.files.journal, log))
@@ -131,7 +132,7 @@ def test_clean_close_writes_held_messages_to_the_sidecar_and_drops_the_journal(d
     q.close(deferred=held)
     assert not Path(q.files.journal).exists() and not list_segments(data_path)
     again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
-    assert len(again.recover()) == 100
+    assert len(recover(again)) == 100
     again.close(delete=True)
 
 
@@ -175,7 +176,7 @@ def test_refill_commits_only_after_the_copy_into_the_log(data_path: str) -> None
     # the ten moved into the log are there, and the disk queue gives the rest: none lost
     again_dq = disk_queue(data_path, "t:c")
     again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", again_dq)
-    again.recover()
+    recover(again)
     got = []
     while len(again):
         got += [r[26:] for r in again.take(50)[1]]
@@ -209,7 +210,7 @@ def test_a_refill_is_read_exactly_once_after_a_crash_at_any_point(
         monkeypatch.undo()
     _crash(q)
     again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
-    again.recover()
+    recover(again)
     got = []
     while len(again):
         got += [r[26:] for r in again.take(50)[1]]

@@ -425,10 +425,6 @@ class Broker:
             raise BrokerError(str(exc)) from exc
 
     # --- metadata -------------------------------------------------------------------------
-    def registrations(self) -> list[tuple[str, list[str]]]:
-        """Topics and their channels, for registering with nsqlookupd."""
-        return [(t.name, list(t.channels)) for t in self.topics.values()]
-
     def snapshot(self, names: Iterable[str] | None = None) -> list[TopicRecord]:
         """Topics (all, or those of ``names`` that exist) and their channels with their paused
         flags, for ``nsqd.dat``."""

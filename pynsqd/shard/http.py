@@ -40,10 +40,7 @@ from pynsqd.httpkit import (
 from pynsqd.node.config import LOG_LEVELS, NsqdOptions
 from pynsqd.options import config_value
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
-from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
-from pynsqd.shard.metrics import exposition
 from pynsqd.shard.pubgroup import PublishGroup
-from pynsqd.shard.stats import format_text, node_stats, stats_request
 from pynsqd.wire.commands import parse_mpub_body
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.names import is_valid_name
@@ -75,8 +72,6 @@ class NsqdHTTP:
         self.router: Router[Handler] = Router([
             ("GET", "/ping", self.ping),
             ("GET", "/info", self.info_route),
-            ("GET", "/stats", self.stats),
-            ("GET", "/metrics", self.metrics),
             ("POST", "/topic/create", self.topic_create),
             ("POST", "/topic/delete", self.topic_delete),
             ("POST", "/topic/empty", self.topic_empty),
@@ -235,23 +230,6 @@ class NsqdHTTP:
 
     async def info_route(self, request: Request) -> Response:
         return api_response({"version": NSQ_VERSION, **self.info})
-
-    async def stats(self, request: Request) -> Response:
-        params = parse_query(request.scope.get("query_string", b""))
-        fmt = params.get("format", [""])[0]
-        if fmt == "prometheus":
-            return self._metrics_response()
-        data = node_stats(self.broker, **stats_request(params))
-        if fmt == "json":
-            return api_response(data)
-        return api_response(format_text(data, start_ns=self.broker.start_ns))
-
-    async def metrics(self, request: Request) -> Response:
-        return self._metrics_response()
-
-    def _metrics_response(self) -> Response:
-        body = exposition(node_stats(self.broker, include_mem=False), self.opts.data_dir)
-        return Response(body, media_type=PROMETHEUS_TYPE)
 
     # --- topics and channels --------------------------------------------------------------
     def _params(self, request: Request) -> dict[str, list[str]]:

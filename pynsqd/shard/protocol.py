@@ -424,9 +424,6 @@ class ClientV2(asyncio.Protocol):
             loop = asyncio.get_running_loop()
             self._flush_timer = loop.call_later(settings.output_buffer_timeout / 1e9, self.flush)
 
-    def on_channel_timers(self) -> None:
-        """Messages of ours timed out or were emptied: we may have room again."""
-
     def close_for_channel_delete(self) -> None:
         self.close()
 

@@ -136,13 +136,6 @@ class MessageQueue:
             self.refill.skip_to(scan.resume)
         return deferred
 
-    def recover(self) -> Deferred:
-        """``start_recovery`` and every ``recover_step`` at once: all the deferred messages."""
-        deferred = self.start_recovery()
-        while self.scan is not None:
-            deferred += self.recover_step(1 << 20)
-        return deferred
-
     # --- in ---------------------------------------------------------------------------
     def put_many(self, records: Sequence[bytes]) -> None:
         """Store ``records`` ready: the log up to ``limit`` ready messages and its bytes, the
@@ -194,9 +187,6 @@ class MessageQueue:
                 raise
         self.ready += n
         self.live += n
-
-    def put(self, record: bytes) -> None:
-        self.put_many((record,))
 
     def append(self, record: bytes, state: int, due: int) -> int | None:
         """Store one deferred record (``due`` wall-clock ns); its position, or None without

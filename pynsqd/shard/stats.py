@@ -134,13 +134,14 @@ def memory_stats() -> dict[str, Any]:
 
 
 def node_stats(broker: Broker, topic: str = "", channel: str = "", include_clients: bool = True,
-               include_mem: bool = True, include_shards: bool = False, alone: bool = True) -> dict[str, Any]:
-    """The whole ``/stats?format=json`` document of this process's topics and clients.
+               include_mem: bool = True, include_shards: bool = False) -> dict[str, Any]:
+    """This shard's part of the ``/stats?format=json`` document (``node/aggregate.py``
+    merges the shards').
 
-    As nsqd's ``GetStats``: a ``topic`` filter naming no topic here gives ``topics`` null,
-    and ``producers`` null too when the broker is ``alone`` (a shard's document keeps its
-    producers: ``merge_stats`` nulls them when no shard has the topic); producers are the
-    TCP connections that published, null when there are none or without clients.
+    As nsqd's ``GetStats``: a ``topic`` filter naming no topic here gives ``topics`` null
+    (the document keeps its producers: ``merge_stats`` nulls them when no shard has the
+    topic); producers are the TCP connections that published, null when there are none or
+    without clients.
     ``include_shards`` adds pynsqd's ``shard`` key to every client."""
     topics: list[dict[str, Any]] | None = None
     if not topic or topic in broker.topics:
@@ -156,7 +157,7 @@ def node_stats(broker: Broker, topic: str = "", channel: str = "", include_clien
     if include_mem:
         out["memory"] = memory_stats()
     producers = [client_stats(c, topic, include_shards) for c in broker.clients if c.session.pub_counts] \
-        if include_clients and (topics is not None or not alone) else []
+        if include_clients else []
     out["producers"] = producers or None
     return out
 

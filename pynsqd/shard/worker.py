@@ -216,7 +216,7 @@ class ShardWorker:
         that got ``OK`` anywhere shows)."""
         self.inbound.drain(None)
         doc = node_stats(self.broker, msg.topic, msg.channel, msg.include_clients, msg.include_mem,
-                         msg.include_shards, alone=False)
+                         msg.include_shards)
         doc["shard_counters"] = {"handoffs": self.handoffs, "relays": self.router.relays,
                                  "cross_shard_sent": self.outbound.sent,
                                  "cross_shard_received": self.inbound.received,
@@ -433,7 +433,7 @@ class ShardWorker:
             self._https_task = loop.create_task(self._https_server.serve(sockets=[]))
             self._https_task.add_done_callback(self._server_ended)
         self._send_snapshot()
-        self.control.send(Ready(os.getpid(), __version__))
+        self.control.send(Ready(__version__))
         try:
             await self._stop.wait()
         finally:
@@ -444,7 +444,7 @@ class ShardWorker:
         when the node stops first (or the state is unreadable: then it exits to be restarted,
         recovering from shared memory as after a crash)."""
         assert self.takeover is not None
-        self.control.send(Standby(os.getpid()))
+        self.control.send(Standby())
         waits = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self.takeover.complete.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
@@ -514,7 +514,7 @@ class ShardWorker:
         self.inbound.drain(None)
         self.broker.close()
         if not self.control.closed:
-            self.control.send(Snapshot(self.broker.snapshot(), final=True))
+            self.control.send(Snapshot(self.broker.snapshot()))
             await asyncio.sleep(0)
         self.inbound.close()
         self.outbound.close()

@@ -38,9 +38,6 @@ class Consumer:
     def delivered(self, count: int) -> None:
         self.message_count += count
 
-    def on_channel_timers(self) -> None:
-        pass
-
     def received(self) -> list[tuple[bytes, int]]:
         """(id, attempts) of each frame received since the last call."""
         got, pos = [], 0

@@ -21,6 +21,7 @@ from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.shm.log import DEFERRED
 from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, HEADER
+from tests.support.queues import recover
 
 log = logging.getLogger("test.sidecar")
 
@@ -94,7 +95,7 @@ def test_clean_close_moves_a_durable_queue_to_disk_and_back(data_path: str) -> N
 
     again = segment_queue(data_path, 100, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
     assert again.recovering
-    deferred = again.recover()
+    deferred = recover(again)
     assert sorted((due, m[26:]) for _, due, m in deferred) == [
         (555, b"held in memory"), (123_456_789, b"m2"), (987_654_321, b"dpub")]
     assert all(p >= 0 for p, _, _ in deferred) and again.live == 3

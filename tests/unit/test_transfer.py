@@ -101,7 +101,7 @@ def test_a_held_control_channel_sends_replies_only_then_everything_in_order() ->
         far.start(loop)
         near.start(loop)
         near.hold()
-        near.send(Ready(1))
+        near.send(Ready("1.0"))
         a, b = socket.socketpair()
         near.send(StatsRequest(topic="x"), [a.fileno()])
         a.close()
@@ -114,7 +114,7 @@ def test_a_held_control_channel_sends_replies_only_then_everything_in_order() ->
             if len(got) == 2:
                 break
             await asyncio.sleep(0.01)
-        assert got == [Ready(1), StatsRequest(topic="x")]
+        assert got == [Ready("1.0"), StatsRequest(topic="x")]
         near.close()
         far.close()
         b.close()
