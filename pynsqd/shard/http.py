@@ -37,10 +37,11 @@ from pynsqd.httpkit import (
     error_response,
     parse_query,
 )
-from pynsqd.node.config import LOG_LEVELS, NsqdOptions
+from pynsqd.node.config import NsqdOptions
 from pynsqd.options import config_value
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
 from pynsqd.shard.pubgroup import PublishGroup
+from pynsqd.shared_flags import LOG_LEVELS
 from pynsqd.wire.commands import parse_mpub_body
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.names import is_valid_name
