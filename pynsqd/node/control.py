@@ -42,6 +42,7 @@ log = logging.getLogger("pynsqd.control")
 CHUNK = 60 * 1024
 MAX_FDS = 253  # descriptors one message may carry (Linux's SCM_MAX_FD); a receiver takes them all
 PROXY_WAIT = 5.0  # seconds the supervisor gives a proxied admin call at its owner shard
+CALL_WAIT = 30.0  # seconds a call waits for its answer: a shard's at the supervisor, the supervisor's at a shard
 SOCKET_BUFFER = 4 * 1024 * 1024
 _HEAD = struct.Struct(">I")
 

@@ -78,6 +78,7 @@ class Backpressure(Exception):
         self.stored = stored
 
 
+RING_RETRY = 0.001  # seconds between tries of a publish that met ``Backpressure``
 PARTIAL_KEPT = 256  # publishes stored in part (a split cross-shard batch) remembered for their retry
 
 

@@ -35,7 +35,7 @@ from starlette.responses import Response
 
 from pynsqd.httpkit import TEXT_TYPE, HTTPError, api_response, error_response, parse_query
 from pynsqd.node.aggregate import merge_stats
-from pynsqd.node.control import PROXY_WAIT, ControlChannel
+from pynsqd.node.control import CALL_WAIT, PROXY_WAIT, ControlChannel
 from pynsqd.node.messages import (
     Failed,
     Health,
@@ -55,7 +55,6 @@ from pynsqd.wire.names import is_valid_name
 
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
-PROXY_TIMEOUT = 30.0  # node-wide stats and health: every shard answers, or the supervisor skips it
 log = logging.getLogger("pynsqd.shard")
 
 
@@ -156,7 +155,7 @@ class NodeHTTP:
 
     async def _node_health(self) -> str:
         try:
-            reply = await self.shard.control.call(HealthRequest(), wait=PROXY_TIMEOUT)
+            reply = await self.shard.control.call(HealthRequest(), wait=CALL_WAIT)
         except (ConnectionError, TimeoutError):
             return "OK"  # the supervisor is going away; this shard's own health stands
         return reply.health if isinstance(reply, Health) else "OK"
@@ -199,7 +198,7 @@ class NodeHTTP:
         request = StatsRequest(**stats_request(params), skip=self.shard.index)
         if prometheus:  # pynsqd's own figures are metrics too; Go's memory figures are not
             request = dataclasses.replace(request, include_mem=False, include_shards=True)
-        call = asyncio.ensure_future(self.shard.control.call(request, wait=PROXY_TIMEOUT))
+        call = asyncio.ensure_future(self.shard.control.call(request, wait=CALL_WAIT))
         await asyncio.sleep(0)  # the request is sent: the other shards make theirs while this one does
         own = self.shard.stats_document(request)
         try:

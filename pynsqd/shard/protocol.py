@@ -47,7 +47,7 @@ from pynsqd.node.identify import Settings
 from pynsqd.node.messages import ConnectionState
 from pynsqd.options import MS
 from pynsqd.shard.auth import AuthSession, NeedQuery
-from pynsqd.shard.broker import Backpressure, Broker
+from pynsqd.shard.broker import RING_RETRY, Backpressure, Broker
 from pynsqd.shard.commands import COMMANDS, STATE_CLOSING, STATE_SUBSCRIBED, Relayed, Session
 from pynsqd.shard.transport import CompressedTransport, peer_common_name, start_tls, tls_info
 from pynsqd.wire import MAGIC_V2
@@ -68,7 +68,6 @@ _MSG_HEADER = struct.Struct(">ii")
 _ATTEMPTS = struct.Struct(">H")
 _pack_header = _MSG_HEADER.pack
 _pack_attempts_into = _ATTEMPTS.pack_into
-STALL_RETRY = 0.001  # seconds between tries to put into a full cross-shard ring
 
 
 class ClientV2(asyncio.Protocol):
@@ -276,7 +275,7 @@ class ClientV2(asyncio.Protocol):
         self._stalled = True
         if self.transport is not None:
             self.transport.pause_reading()
-        self._stall_timer = asyncio.get_running_loop().call_later(STALL_RETRY, self._unstall)
+        self._stall_timer = asyncio.get_running_loop().call_later(RING_RETRY, self._unstall)
 
     def _unstall(self) -> None:
         self._stall_timer = None
