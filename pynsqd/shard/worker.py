@@ -109,6 +109,7 @@ from pynsqd.shard.recovery import BOOT
 from pynsqd.shard.router import ShardRouter
 from pynsqd.shard.stats import node_stats
 from pynsqd.shm import store
+from pynsqd.signals import signals_to
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -407,8 +408,11 @@ class ShardWorker:
         self._fatal()
 
     async def main(self) -> None:
+        with signals_to(lambda _: self._stop.set(), (signal.SIGTERM,)):
+            await self._serve()
+
+    async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         self.control.start(loop)
         self.control.on_close = lambda chan: self._stop.set()
         if self.takeover is not None and not await self._take_over():

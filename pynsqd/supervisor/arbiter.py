@@ -89,6 +89,7 @@ from pynsqd.node.shmowner import OwnerRecord
 from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
 from pynsqd.shm.sizing import Host, plan
+from pynsqd.signals import signals_to
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.accept import Accepted, Acceptor
 from pynsqd.supervisor.handoff import greet
@@ -520,10 +521,13 @@ class Supervisor:
 
     # --- main loop ------------------------------------------------------------------------------
     async def main(self) -> int:
+        """Run the node until it stops; its exit status. Signal handlers only enqueue."""
+        with signals_to(self._signals.put_nowait, SIGNALS):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # blocked across an upgrade's execve
+            return await self._run()
+
+    async def _run(self) -> int:
         loop = asyncio.get_running_loop()
-        for signum in SIGNALS:
-            loop.add_signal_handler(signum, self._signals.put_nowait, int(signum))
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # blocked across an upgrade's execve
         log.info("pynsqd %s (nsqd v%s compatible), %d shard(s)", __version__, NSQ_VERSION, self.shards)
         log.info("ID: %d", self.opts.node_id)
         log.info("%s", self.log_sizing.describe(self.opts.mem_queue_size, self.host))
