@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pynsqd.client.batch import MessageBatch, join_commands
-from pynsqd.client.consumer import Answering, Consumer, _Conn
+from pynsqd.client.consumer import Answering, Consumer, _Conn, call_handler
 
 log = logging.getLogger("pynsqd.client")
 
@@ -68,11 +68,7 @@ class BatchConsumer(Consumer):
         if self._is_coroutine:
             self._track(self._run_batch(batch, None))
             return
-        try:
-            result = self.batch_handler(batch)
-        except Exception:
-            log.exception("handler failed for %r", batch)
-            result = False
+        result = call_handler(self.batch_handler, batch)
         if inspect.isawaitable(result):
             self._track(self._run_batch(batch, result))
         else:

@@ -393,11 +393,7 @@ class Consumer:
         if self._is_coroutine:
             self._track(self._run_async(msg))
             return
-        try:
-            result = self.handler(msg)
-        except Exception:
-            log.exception("handler failed for %r", msg)
-            result = False
+        result = call_handler(self.handler, msg)
         if result is None or result is True:  # the common case, without inspect
             if not msg.responded and msg.auto_response:
                 msg.finish()
@@ -455,6 +451,15 @@ class Consumer:
                 self._send_rdy(conn.address, want)
 
 
+def call_handler(handler: Callable[[Any], object], delivered: object) -> object:
+    """``handler(delivered)``'s result; ``False`` (requeue) when it raised, which is logged."""
+    try:
+        return handler(delivered)
+    except Exception:
+        log.exception("handler failed for %r", delivered)
+        return False
+
+
 class Answering:
     """Answers to what one connection delivered to a consumer: they go out on that
     connection, and the consumer counts them (in flight, RDY, backoff)."""
@@ -495,4 +500,4 @@ class Answers(Answering):
         self.conn.send(encode_touch(message.id))
 
 
-__all__ = ["Answering", "Answers", "Consumer", "Handler", "ResponseError"]
+__all__ = ["Answering", "Answers", "Consumer", "Handler", "ResponseError", "call_handler"]
