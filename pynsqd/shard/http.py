@@ -26,7 +26,6 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from pynsqd import NSQ_VERSION, logs
-from pynsqd.httpconn import BUSY_RETRY, Later, Step
 from pynsqd.httpkit import (
     JSON_TYPE,
     NSQ_HEADER,
@@ -40,6 +39,7 @@ from pynsqd.httpkit import (
 from pynsqd.node.config import NsqdOptions
 from pynsqd.options import config_value
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
+from pynsqd.shard.httppub import BUSY_RETRY, Later, Step
 from pynsqd.shard.pubgroup import PublishGroup
 from pynsqd.shared_flags import LOG_LEVELS
 from pynsqd.wire.commands import parse_mpub_body
@@ -152,7 +152,7 @@ class NsqdHTTP:
         to be retried by the caller while it raises ``Backpressure``; a plain ``/pub`` joins
         the loop turn's batch (``pubgroup.py``) and its call returns the ``Later`` to wait
         for. Transport-free: the ASGI path above and the connection protocol
-        (``httpconn.py``) both drive it. ``/pub`` has one step, checked here (the hot path:
+        (``httppub.py``) both drive it. ``/pub`` has one step, checked here (the hot path:
         no generator); ``/mpub`` creates its topic before it checks the body."""
         if path == "/pub":
             return iter((self._pub_step(query, body),))

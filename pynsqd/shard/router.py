@@ -1,7 +1,9 @@
 """Where a shard's topics live, and how it reaches a topic another shard owns.
 
 A topic belongs to one shard (``node/placement.py``). A publish for another shard's topic
-goes into that shard's inbound ring (``crossshard.Outbound``); a connection that subscribes
+goes into that shard's inbound ring (``crossshard.Outbound``), and before this shard stores
+a publish of its own it stores what its inbound rings hold that was sent before
+(``catch_up``, ``inbound.py``); a connection that subscribes
 to one is relayed there: this shard hands the far end of a socketpair to the owner through
 the supervisor (``HandOff``) and pumps bytes between it and the client (``relay.py``).
 """
@@ -11,14 +13,20 @@ from __future__ import annotations
 import logging
 import socket
 import weakref
+from collections.abc import Callable
 
 from pynsqd.node.control import ControlChannel
 from pynsqd.node.messages import HandOff
 from pynsqd.node.placement import Placement
 from pynsqd.shard.crossshard import Outbound
+from pynsqd.shard.inbound import Inbound
 from pynsqd.shard.relay import Relay, Relayable
 
 log = logging.getLogger("pynsqd.shard")
+
+
+def _no_inbound() -> None:
+    """Nothing to catch up with: the shard has no inbound rings yet."""
 
 
 class ShardRouter:
@@ -30,6 +38,12 @@ class ShardRouter:
         self.control = control
         self.relays = 0  # connections relayed to another shard
         self.live_relays: weakref.WeakSet[Relay] = weakref.WeakSet()
+        self.catch_up: Callable[[], None] = _no_inbound  # Router.catch_up (``catch_up_with``)
+
+    def catch_up_with(self, inbound: Inbound) -> None:
+        """``catch_up`` stores what ``inbound`` holds from here on (the inbound is built on
+        the broker, after it). Bound once: on the owner's hot path, no call in between."""
+        self.catch_up = inbound.catch_up
 
     def owner(self, topic: str) -> int:
         return self.placement.owner(topic)
