@@ -38,8 +38,8 @@ from pynsqd.httpkit import (
 )
 from pynsqd.node.config import NsqdOptions
 from pynsqd.options import config_value
-from pynsqd.shard.broker import Backpressure, Broker, BrokerError
-from pynsqd.shard.httppub import BUSY_RETRY, Later, Step
+from pynsqd.shard.broker import RING_RETRY, Backpressure, Broker, BrokerError
+from pynsqd.shard.httppub import Later, Step
 from pynsqd.shard.pubgroup import PublishGroup
 from pynsqd.shared_flags import LOG_LEVELS
 from pynsqd.wire.commands import parse_mpub_body
@@ -358,7 +358,7 @@ async def _until_room(action: Callable[..., Later | None], *args: Any) -> None:
             later = action(*args)
             break
         except Backpressure:
-            await asyncio.sleep(BUSY_RETRY)
+            await asyncio.sleep(RING_RETRY)
     if later is not None:
         done: asyncio.Future[HTTPError | None] = asyncio.get_running_loop().create_future()
         later.add(done.set_result)
