@@ -70,6 +70,10 @@ def test_ping_and_info(nsqd: Daemon, http: httpx.Client) -> None:
 def test_unknown_path_and_wrong_method(http: httpx.Client) -> None:
     expect(http.get("/nope"), 404, "NOT_FOUND")
     expect(http.post("/stats"), 405, "METHOD_NOT_ALLOWED")
+    expect(http.delete("/metrics"), 405, "METHOD_NOT_ALLOWED")
+    assert http.head("/stats").status_code == 200
+    moved = http.get("/stats/")
+    assert moved.status_code == 307 and moved.headers["location"].endswith("/stats"), moved.headers
     expect(http.get("/pub?topic=t"), 405, "METHOD_NOT_ALLOWED")
 
 

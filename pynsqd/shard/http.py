@@ -31,6 +31,7 @@ from pynsqd.httpkit import (
     NSQ_HEADER,
     TEXT_TYPE,
     HTTPError,
+    Match,
     Router,
     api_response,
     error_response,
@@ -119,12 +120,7 @@ class NsqdHTTP:
         match = self.router.match("GET" if method == "HEAD" else method, path)
         request = Request({**scope, "path_params": match.params}, receive)
         if match.handler is None:
-            if match.allowed:
-                return error_response(405, "METHOD_NOT_ALLOWED")
-            bare = path.rstrip("/")
-            if path != "/" and bare != path and self.router.routes(bare):
-                return RedirectResponse(request.url.replace(path=bare))
-            return error_response(404, "NOT_FOUND")
+            return route_miss(self.router, match, request) or error_response(404, "NOT_FOUND")
         try:
             response: Response = await match.handler(request)
         except HTTPError as exc:
@@ -348,6 +344,19 @@ class NsqdHTTP:
             logs.set_level(level)
         else:
             raise HTTPError(400, "INVALID_OPTION")
+
+
+def route_miss(router: Router[Any], match: Match[Any], request: Request) -> Response | None:
+    """The answer to a request ``router`` has no handler for (``match``) when it has the path:
+    405 ``METHOD_NOT_ALLOWED`` for another method, a redirect (307) for the path with a
+    trailing slash; None when it does not know the path."""
+    if match.allowed:
+        return error_response(405, "METHOD_NOT_ALLOWED")
+    path = request.scope["path"]
+    bare = path.rstrip("/")
+    if path != "/" and bare != path and router.routes(bare):
+        return RedirectResponse(request.url.replace(path=bare))
+    return None
 
 
 async def _until_room(action: Callable[..., Later | None], *args: Any) -> None:

@@ -15,7 +15,8 @@ Theory of operation
 - ``/stats``, ``/metrics``: the supervisor collects every other shard's stats document and
   passes them on unparsed while this shard makes its own; this shard merges them into one
   node (``node/aggregate.py``); the formats (JSON, text, Prometheus) are rendered from that
-  one document by the same code a single shard uses.
+  one document by the same code a single shard uses. Only this app has these routes (GET and
+  HEAD; another method 405, a trailing slash redirected, as ``NsqdHTTP`` answers its own).
 - ``PUT /config/…``: applied here, then by the supervisor on every other shard (node-wide).
 - ``/ping``: the node's health — this shard's if it is not OK, else the first shard's that
   is not (asked through the supervisor), so a failing disk on any shard shows on every ``/ping``.
@@ -31,9 +32,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
+from starlette.requests import Request
 from starlette.responses import Response
 
-from pynsqd.httpkit import TEXT_TYPE, HTTPError, api_response, error_response, parse_query
+from pynsqd.httpkit import TEXT_TYPE, HTTPError, Router, api_response, error_response, parse_query
 from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.control import CALL_WAIT, PROXY_WAIT, ControlChannel
 from pynsqd.node.messages import (
@@ -47,7 +49,7 @@ from pynsqd.node.messages import (
     ShardDocuments,
     StatsRequest,
 )
-from pynsqd.shard.http import NsqdHTTP
+from pynsqd.shard.http import NsqdHTTP, route_miss
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
 from pynsqd.shard.stats import format_text, stats_request
@@ -123,6 +125,10 @@ class NodeHTTP:
     def __init__(self, app: NsqdHTTP, shard: Shard) -> None:
         self.app = app
         self.shard = shard
+        self.routes: Router[Callable[[dict[str, Any]], Awaitable[Response]]] = Router([
+            ("GET", "/stats", self._stats),
+            ("GET", "/metrics", self._stats),
+        ])
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (self.app.tls_required_port and scope.get("scheme") != "https"):
@@ -131,10 +137,13 @@ class NodeHTTP:
         path = scope["path"]
         method = scope["method"]
         try:
-            if path in ("/stats", "/metrics") and method == "GET":
-                response = await self._stats(scope)
-                await response(scope, receive, send)
-                return
+            if path.startswith(("/stats", "/metrics")):
+                match = self.routes.match("GET" if method == "HEAD" else method, path)
+                response = (await match.handler(scope) if match.handler is not None
+                            else route_miss(self.routes, match, Request(scope, receive)))
+                if response is not None:
+                    await response(scope, receive, send)
+                    return
             if path == "/ping" and method == "GET" and self.app.broker.health == "OK":
                 health = await self._node_health()
                 if health != "OK":
