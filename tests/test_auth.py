@@ -20,6 +20,8 @@ from tests.support.harness import Daemon, wait_for
 from tests.support.rawclient import RawClient
 from tests.test_foreign_clients import ClientProc, consume, publish
 
+pytestmark = pytest.mark.fast
+
 PUB_T = ("^t$", [".*"], ["publish"])
 SUB_T = ("^t$", ["^ch$"], ["subscribe"])
 

@@ -11,7 +11,7 @@ from tests.support.harness import Daemon, wait_for
 from tests.test_client_library import tcp, until
 from tests.test_foreign_clients import KINDS, ClientProc, _client_count, consume, publish
 
-pytestmark = pytest.mark.clients
+pytestmark = [pytest.mark.slow, pytest.mark.clients]
 
 
 @pytest.mark.parametrize("kind", KINDS)

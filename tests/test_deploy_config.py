@@ -24,6 +24,8 @@ from pynsqd.node.config import parse_args as nsqd_args
 from pynsqd.shared_flags import LOG_LEVELS
 from tests.support.harness import Daemon, remove_segments
 
+pytestmark = pytest.mark.fast
+
 CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "config"
 
 # Options whose default depends on the host: the sample shows them commented out, with an example.

@@ -13,6 +13,8 @@ from pynsqd.shm.segment import list_segments
 from tests.support.harness import Daemon, scaled, wait_for
 from tests.test_foreign_clients import ClientProc, publish, run
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def lookupd_factory() -> Iterator[Callable[..., Daemon]]:

@@ -31,6 +31,8 @@ from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.queues import recover
 from tests.support.rawclient import RawClient
 
+pytestmark = pytest.mark.slow
+
 log = logging.getLogger("test.gaps")
 
 

@@ -24,7 +24,7 @@ from tests.support.harness import Daemon, scaled, wait_for
 ROOT = Path(__file__).resolve().parent.parent
 NSQJS = ROOT / "tests" / "support" / "js" / "node_modules" / "nsqjs"
 
-pytestmark = pytest.mark.clients
+pytestmark = [pytest.mark.slow, pytest.mark.clients]
 
 
 def _command(kind: str) -> list[str]:

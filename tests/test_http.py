@@ -18,6 +18,8 @@ from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 from tests.test_foreign_clients import ClientProc, consume
 
+pytestmark = pytest.mark.fast
+
 # The key lists of nsqd v1.3's /stats JSON (nsqd/stats.go), in order.
 TOP_KEYS = ["version", "health", "start_time", "topics", "memory", "producers"]
 MEMORY_KEYS = ["heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes",

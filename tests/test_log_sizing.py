@@ -24,6 +24,8 @@ from tests.support.queues import recover
 from tests.support.rawclient import RawClient
 from tests.test_durability_gaps import disk_queue
 
+pytestmark = pytest.mark.slow
+
 GiB = 1 << 30
 MiB = 1 << 20
 PLENTY = Host(shm_total=64 * GiB, shm_free=64 * GiB, mem_available=64 * GiB)

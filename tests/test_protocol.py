@@ -29,6 +29,8 @@ from pynsqd.wire.commands import (
 from tests.support.harness import Daemon, connect, wait_for
 from tests.support.rawclient import RawClient
 
+pytestmark = pytest.mark.fast
+
 
 def stats(nsqd: Daemon, **params: str) -> dict[str, Any]:
     query = {"format": "json", **params}

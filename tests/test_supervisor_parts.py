@@ -65,6 +65,8 @@ from pynsqd.wire.commands import CommandParser, encode_command, encode_identify,
 from pynsqd.wire.message import HEADER
 from tests.conftest import run_async
 
+pytestmark = pytest.mark.fast
+
 
 def test_placement_spreads_topics_evenly_and_is_stable(tmp_path: Path) -> None:
     a = Placement(str(tmp_path), 2)

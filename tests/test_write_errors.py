@@ -32,6 +32,8 @@ from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.queues import recover
 from tests.support.rawclient import RawClient
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def data_path(tmp_path: Path) -> Iterator[str]:
