@@ -26,9 +26,9 @@ from tests.support.containers import (  # noqa: F401  (session fixtures: a Docke
     prometheus_image,
     spark_image,
 )
+from tests.support.foreign import clients  # noqa: F401  (the fixture: test_http, test_auth, the client tests)
 from tests.support.harness import Daemon, remove_segments
 from tests.support.tiers import pytest_collection_modifyitems  # noqa: F401  (the tier of every test module)
-from tests.test_foreign_clients import clients  # noqa: F401  (the fixture, shared with test_http)
 
 T = TypeVar("T")
 
