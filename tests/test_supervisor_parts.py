@@ -18,7 +18,7 @@ from pynsqd.node import metadata
 from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.boot import BootConfig
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.control import CHUNK, ControlChannel, Received, channel_pair
+from pynsqd.node.control import DATAGRAM, ControlChannel, Received, channel_pair
 from pynsqd.node.crossrecord import decode_batch, encode_batch
 from pynsqd.node.datapath import make_backend
 from pynsqd.node.identify import Settings
@@ -123,7 +123,7 @@ def test_control_channel_carries_requests_big_payloads_and_fds() -> None:
         right = ControlChannel(b, server, "right")
         left.start(loop)
         right.start(loop)
-        big = os.urandom(5 * CHUNK + 17)
+        big = os.urandom(5 * DATAGRAM + 17)
         reply = await left.call(RunHTTP("GET", "/echo", body=big))
         assert reply == HTTPResponse(200, [["n", str(len(big))]], big[::-1])
         r, w = os.pipe()
