@@ -13,7 +13,7 @@ IDENTIFY, SUB, then RDY — and its message frames go to ``_on_message``:
   unless the handler answered it itself or called ``message.disable_auto_response()``.
 
 RDY is kept by ``pynsqd.client.rdy.RdyBook`` (pure state) and backoff by
-``pynsqd.client.backoff.Backoff`` (pure state); this module only turns their answers into RDY
+``pynsqd.client.backoff.RdyBackoff`` (pure state); this module only turns their answers into RDY
 commands and timers. A timer every ``rdy_redistribute_interval`` rebalances RDY (it moves RDY
 away from idle connections when ``max_in_flight`` is smaller than the number of connections).
 
@@ -37,9 +37,9 @@ import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from pynsqd.backoff import Backoff as RetryBackoff
+from pynsqd.backoff import Backoff
 from pynsqd.client import http as nsq_http
-from pynsqd.client.backoff import Action, Backoff, State
+from pynsqd.client.backoff import Action, RdyBackoff, State
 from pynsqd.client.config import Features, Identity, TLSOptions
 from pynsqd.client.connection import DEFAULT_MAX_RDY_COUNT, NSQProtocol, RawMessage
 from pynsqd.client.discovery import lookup, poll_delay
@@ -112,7 +112,7 @@ class Consumer:
         self.identity = identity or Identity()
         self.rng = rng or random.Random()
         self.rdy = RdyBook(max_in_flight, low_rdy_idle_timeout)
-        self.backoff = Backoff(backoff_multiplier, max_backoff_duration)
+        self.backoff = RdyBackoff(backoff_multiplier, max_backoff_duration)
         self.conns: dict[str, _Conn] = {}
         self.stats = {"received": 0, "finished": 0, "requeued": 0, "discarded": 0, "connects": 0,
                       "errors": 0}  # errors: nsqd's E_FIN_FAILED/E_REQ_FAILED/E_TOUCH_FAILED answers
@@ -239,7 +239,7 @@ class Consumer:
                 self._apply(self.rdy.rebalance(self._loop.time(), self.rng))
 
     async def _direct(self, address: str, attempted: asyncio.Event) -> None:
-        retry = RetryBackoff(self.reconnect_interval, self.max_reconnect_interval, rng=self.rng)
+        retry = Backoff(self.reconnect_interval, self.max_reconnect_interval, rng=self.rng)
         while not self._stopping:
             try:
                 conn = await self._connect(address, discovered=False)
