@@ -27,7 +27,7 @@ shards once it accepts (``reload.py``).
 Signal handlers only enqueue (SIGTERM, SIGINT; SIGHUP: a rolling restart of the shards,
 ``reload.py``; SIGUSR2: an upgrade of the supervisor); the loop drains the queue.
 uvloop reserves SIGCHLD, so instead every ``TICK`` the loop reaps (``handle_chld``) and
-checks heartbeats (``murder``): a shard
+checks heartbeats (``tend_shards``): a shard
 whose loop has not written its timestamp for ``SHARD_TIMEOUT`` gets SIGABRT, and SIGKILL
 ``KILL_AFTER`` later. ``handle_chld`` reaps with ``waitpid(-1, WNOHANG)`` until 0 and
 classifies: ``BOOT_ERROR`` (the shard could not start) stops the node with the shard's
@@ -309,8 +309,8 @@ class Supervisor:
             delay = slot.schedule_restart(time.monotonic())
             log.info("shard %d: restarting in %.1fs", slot.index, delay)
 
-    def murder(self, now: float) -> None:
-        """Kill shards whose loop stopped beating; restart due ones."""
+    def tend_shards(self, now: float) -> None:
+        """Kill shards whose loop stopped beating; respawn dead ones whose restart is due."""
         for slot in self.slots:
             if slot.pid and slot.is_ready:
                 self._check_stall(slot, now - slot.last_beat())
@@ -348,7 +348,7 @@ class Supervisor:
     @staticmethod
     def _check_stall(slot: Slot, quiet: float) -> None:
         """A shard silent for ``STALL_AFTER`` gets no new HTTP connections until it beats
-        again (``httpaccept.py``); one silent for ``SHARD_TIMEOUT`` is killed (``murder``)."""
+        again (``httpaccept.py``); one silent for ``SHARD_TIMEOUT`` is killed (``tend_shards``)."""
         if quiet > STALL_AFTER and not slot.stalled:
             slot.stalled = True
             log.warning("shard %d (pid %d): loop silent for %.1fs - new HTTP connections go to the other shards",
@@ -548,7 +548,7 @@ class Supervisor:
                 sig = int(await asyncio.wait_for(self._signals.get(), TICK))
             except TimeoutError:
                 self.handle_chld()
-                self.murder(time.monotonic())
+                self.tend_shards(time.monotonic())
                 continue
             if sig == signal.SIGHUP:
                 self.reloader.request()
