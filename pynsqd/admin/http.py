@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 ``AdminHTTP`` is a plain ASGI app. It strips ``--base-path`` (anything outside it is 404),
 then matches the path against a table of ``(method, pattern, handler)`` as nsqadmin's
-httprouter does (``httpkit.Router``): an unknown path is 404 ``NOT_FOUND``, a known path
+httprouter does (``httpkit.RouteTable``): an unknown path is 404 ``NOT_FOUND``, a known path
 with another method 405 ``METHOD_NOT_ALLOWED``, a GET with a trailing slash 301. API
 handlers return data or raise ``HTTPError``; ``AllFailed`` from the cluster becomes 502
 ``UPSTREAM_ERROR: <why>``; partial failures become a 200 whose ``message`` is ``WARNING:
@@ -44,7 +44,7 @@ from pynsqd.admin.config import AdminOptions
 from pynsqd.admin.notify import Notifier
 from pynsqd.admin.pages import PAGES, render_index
 from pynsqd.admin.sampler import Sampler
-from pynsqd.httpkit import HTTPError, Router, error_response, json_response
+from pynsqd.httpkit import HTTPError, RouteTable, error_response, json_response
 from pynsqd.options import SECOND, config_value
 from pynsqd.wire.names import is_valid_name
 
@@ -85,7 +85,7 @@ class AdminHTTP:
         ]
         if self.options.proxy_graphite:
             table.append(("GET", "/render", self.render_proxy))
-        self.router: Router[Handler] = Router(table)
+        self.routes: RouteTable[Handler] = RouteTable(table)
 
     def app(self) -> Any:
         return GZipMiddleware(self, minimum_size=1024)
@@ -105,7 +105,7 @@ class AdminHTTP:
                 await error_response(404, "NOT_FOUND")(scope, receive, send)
                 return
         method = scope["method"]
-        match = self.router.match(method, path)
+        match = self.routes.match(method, path)
         if match.handler is not None:
             response = await self._run(match.handler, Request(scope, receive), match.params, path.startswith("/api/"))
         elif match.redirect is not None and method == "GET" and path.endswith("/"):

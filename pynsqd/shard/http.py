@@ -5,7 +5,7 @@ Theory of operation
 ``NsqdHTTP`` is a plain ASGI app. ``POST /pub`` and ``POST /mpub`` — the paths that carry
 almost all HTTP traffic — are handled right here on raw ASGI messages: the body is read with
 its limit enforced as it arrives (``Content-Length`` first, then the bytes actually read) and
-the answer is two ``send`` calls. Everything else goes through an ``httpkit.Router``.
+the answer is two ``send`` calls. Everything else goes through an ``httpkit.RouteTable``.
 
 Responses follow nsqd's conventions: JSON with ``Content-Type: application/json;
 charset=utf-8``; errors as ``{"message": "<CODE>"}`` with nsqd's status and code, checked in
@@ -32,7 +32,7 @@ from pynsqd.httpkit import (
     TEXT_TYPE,
     HTTPError,
     Match,
-    Router,
+    RouteTable,
     api_response,
     error_response,
     parse_query,
@@ -71,7 +71,7 @@ class NsqdHTTP:
         self.busy: tuple[type[Exception], ...] = (Backpressure,)  # a publish step to retry later
         self._queries: dict[bytes, tuple[dict[str, list[str]], str]] = {}
         self.group = PublishGroup(broker, opts.max_body_size)  # plain /pub, a batch per topic and loop turn
-        self.router: Router[Handler] = Router([
+        self.routes: RouteTable[Handler] = RouteTable([
             ("GET", "/ping", self.ping),
             ("GET", "/info", self.info_route),
             ("POST", "/topic/create", self.topic_create),
@@ -117,10 +117,10 @@ class NsqdHTTP:
         ``NOT_FOUND``, another method 405 ``METHOD_NOT_ALLOWED``; a path with a trailing slash
         whose route exists is redirected (307) to the path without it."""
         method, path = scope["method"], scope["path"]
-        match = self.router.match("GET" if method == "HEAD" else method, path)
+        match = self.routes.match("GET" if method == "HEAD" else method, path)
         request = Request({**scope, "path_params": match.params}, receive)
         if match.handler is None:
-            return route_miss(self.router, match, request) or error_response(404, "NOT_FOUND")
+            return route_miss(self.routes, match, request) or error_response(404, "NOT_FOUND")
         try:
             response: Response = await match.handler(request)
         except HTTPError as exc:
@@ -346,15 +346,15 @@ class NsqdHTTP:
             raise HTTPError(400, "INVALID_OPTION")
 
 
-def route_miss(router: Router[Any], match: Match[Any], request: Request) -> Response | None:
-    """The answer to a request ``router`` has no handler for (``match``) when it has the path:
+def route_miss(table: RouteTable[Any], match: Match[Any], request: Request) -> Response | None:
+    """The answer to a request ``table`` has no handler for (``match``) when it has the path:
     405 ``METHOD_NOT_ALLOWED`` for another method, a redirect (307) for the path with a
     trailing slash; None when it does not know the path."""
     if match.allowed:
         return error_response(405, "METHOD_NOT_ALLOWED")
     path = request.scope["path"]
     bare = path.rstrip("/")
-    if path != "/" and bare != path and router.routes(bare):
+    if path != "/" and bare != path and table.routes(bare):
         return RedirectResponse(request.url.replace(path=bare))
     return None
 

@@ -35,7 +35,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pynsqd.httpkit import TEXT_TYPE, HTTPError, Router, api_response, error_response, parse_query
+from pynsqd.httpkit import TEXT_TYPE, HTTPError, RouteTable, api_response, error_response, parse_query
 from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.control import CALL_WAIT, PROXY_WAIT, ControlChannel
 from pynsqd.node.messages import (
@@ -125,7 +125,7 @@ class NodeHTTP:
     def __init__(self, app: NsqdHTTP, shard: Shard) -> None:
         self.app = app
         self.shard = shard
-        self.routes: Router[Callable[[dict[str, Any]], Awaitable[Response]]] = Router([
+        self.routes: RouteTable[Callable[[dict[str, Any]], Awaitable[Response]]] = RouteTable([
             ("GET", "/stats", self._stats),
             ("GET", "/metrics", self._stats),
         ])
