@@ -138,6 +138,31 @@ def test_clean_close_writes_held_messages_to_the_sidecar_and_drops_the_journal(d
     again.close(delete=True)
 
 
+def test_a_close_whose_disk_fails_keeps_the_segment_and_says_why(data_path: str, caplog: pytest.LogCaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fails as a durable queue moves its messages there on exit, and again as the
+    queue closes its files: both failures are logged, and the segment keeps every message
+    for the next process."""
+    dq = disk_queue(data_path, "t:c")
+    q = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", dq)
+    q.put_many([message(b"m%03d" % i) for i in range(10)])
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(dq, "put_many", full)
+        patch.setattr(dq, "close", full)
+        with caplog.at_level(logging.ERROR, logger="pynsqd.shard"):
+            q.close()
+    assert "failed to move" in caplog.text and "failed to close" in caplog.text, caplog.text
+    dq.close()
+    again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
+    recover(again)
+    assert len(again) == 10
+    again.close(delete=True)
+
+
 def test_peek_is_not_consumed_until_commit_across_a_crash(tmp_path: Path) -> None:
     path = str(tmp_path)
     dq = disk_queue(path, "q", max_bytes=64)  # a few records per file

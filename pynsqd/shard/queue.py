@@ -556,8 +556,8 @@ class MessageQueue:
             logger.exception("failed to move %r to disk; its messages stay in shared memory", self.backend)
             try:
                 self.backend.close()
-            except Exception:
-                pass
+            except Exception as exc:  # the same failure, most likely; the segment keeps the messages
+                logger.error("failed to close %r - %s", self.backend, exc)
             return False
         return True
 
