@@ -87,8 +87,8 @@ class ClientV2(asyncio.Protocol):
         self.requeue_count = 0
         self._handoff = handoff  # (state, unread bytes) of a connection adopted from elsewhere
         self._unreplayed = b""  # handed-over bytes not yet fed to the parser
-        self._stalled = False  # the next command waits for room in another shard's ring
-        self._stall_timer: asyncio.TimerHandle | None = None
+        self._ring_full = False  # the next command waits for room in another shard's ring
+        self._ring_timer: asyncio.TimerHandle | None = None
         self.tls_ctx = tls_ctx
         self._tls_required = opts.tls_required != "false"
         self._decoder: Codec | None = None
@@ -228,7 +228,7 @@ class ClientV2(asyncio.Protocol):
     def _run_commands(self) -> None:
         events = self._events
         session = self.session
-        while events and not self._suspended and not self._stalled and not self._closing:
+        while events and not self._suspended and not self._ring_full and not self._closing:
             event = events.popleft()
             if isinstance(event, ProtocolError):
                 self._fatal(event)
@@ -255,7 +255,7 @@ class ClientV2(asyncio.Protocol):
                 self.suspend(self._query_auth())
             except Backpressure:
                 events.appendleft(event)
-                self._stall()
+                self._wait_for_ring()
                 return
             except Relayed as relayed:
                 assert self.broker.router is not None
@@ -270,20 +270,20 @@ class ClientV2(asyncio.Protocol):
                 log.debug("client(%s) %s", self.remote_address, exc.text)
                 self.send(encode_frame(FRAME_ERROR, exc.encode_text()))
 
-    def _stall(self) -> None:
+    def _wait_for_ring(self) -> None:
         """Another shard's inbound ring is full: stop reading, retry the held commands soon."""
-        self._stalled = True
+        self._ring_full = True
         if self.transport is not None:
             self.transport.pause_reading()
-        self._stall_timer = asyncio.get_running_loop().call_later(RING_RETRY, self._unstall)
+        self._ring_timer = asyncio.get_running_loop().call_later(RING_RETRY, self._ring_retry)
 
-    def _unstall(self) -> None:
-        self._stall_timer = None
-        self._stalled = False
+    def _ring_retry(self) -> None:
+        self._ring_timer = None
+        self._ring_full = False
         if self._closing:
             return
         self._run_events()
-        if (not self._stalled and not self._closing and not self._suspended and not self._write_paused_at
+        if (not self._ring_full and not self._closing and not self._suspended and not self._write_paused_at
                 and self.transport is not None):
             self.transport.resume_reading()
 
@@ -298,7 +298,7 @@ class ClientV2(asyncio.Protocol):
     def detach(self) -> None:
         """Stop serving this connection without closing it (it is relayed elsewhere now)."""
         self._closing = True
-        for timer in (self._flush_timer, self._heartbeat_timer, self._stall_timer):
+        for timer in (self._flush_timer, self._heartbeat_timer, self._ring_timer):
             if timer is not None:
                 timer.cancel()
         self.broker.clients.discard(self)
@@ -316,7 +316,7 @@ class ClientV2(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._events.clear()
-        for timer in (self._flush_timer, self._heartbeat_timer, self._stall_timer):
+        for timer in (self._flush_timer, self._heartbeat_timer, self._ring_timer):
             if timer is not None:
                 timer.cancel()
         self.broker.clients.discard(self)
@@ -336,7 +336,7 @@ class ClientV2(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._write_paused_at = 0
         self.broker.stuck.discard(self)
-        if self.transport is not None and not self._closing and not self._suspended and not self._stalled:
+        if self.transport is not None and not self._closing and not self._suspended and not self._ring_full:
             self.transport.resume_reading()
         if self.session.channel is not None:
             self.session.channel.notify_ready()
