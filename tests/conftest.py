@@ -75,8 +75,8 @@ def nsqd_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 
 @pytest.fixture
 def nsqd(nsqd_factory: Callable[..., Daemon]) -> Daemon:
-    """One nsqd node with default options."""
-    return nsqd_factory()
+    """One nsqd node with default options and two shards, whatever the host's CPU count."""
+    return nsqd_factory("--shards=2")
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,13 @@ from tests.support.rawclient import RawClient
 pytestmark = pytest.mark.fast
 
 
+@pytest.fixture(params=[1, 2], ids=lambda n: f"shards-{n}")
+def nsqd(request: pytest.FixtureRequest, nsqd_factory: Callable[..., Daemon]) -> Daemon:
+    """Every protocol test that takes the default node runs on one shard and on two (a
+    topic's owner and the relay from the other shard)."""
+    return nsqd_factory(f"--shards={request.param}")
+
+
 def stats(nsqd: Daemon, **params: str) -> dict[str, Any]:
     query = {"format": "json", **params}
     return dict(httpx.get(f"{nsqd.http_url}/stats", params=query, timeout=5).json())
