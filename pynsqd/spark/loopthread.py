@@ -36,6 +36,7 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def soon(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the loop, soon; returns at once."""
         self.loop.call_soon_threadsafe(fn)
 
 
