@@ -1,12 +1,14 @@
 """In-process CPU per HTTP ``/pub`` of one shard's connection protocol, without sockets.
 
     PYTHONPATH=$PWD python bench/bench_httpconn.py [--requests 200000] [--connections 25]
-        [--size 200] [--repeat 5] [--profile]
+        [--size 200] [--repeat 5] [--pipeline 1] [--profile]
 
-``--connections`` keep-alive connections of ``httpconn.HTTPConnection`` (as uvicorn makes
-them) over a transport that only counts its writes, served by a real ``NsqdHTTP`` on a real
-``Broker`` (one topic, no channel, shared-memory log in a temp dir): each loop turn, every
-connection receives one ``POST /pub`` as wrk sends it (one read), then the loop turns once.
+``--connections`` keep-alive connections of an nsqd shard (``shard/httppub.PublishConnection``,
+as its HTTP server makes them) over a transport that only counts its writes, served by a real
+``NsqdHTTP`` on a real ``Broker`` (one topic, no channel, shared-memory log in a temp dir):
+each loop turn, every connection receives one ``POST /pub`` as wrk sends it (one read), then
+the loop turns once. ``--pipeline N`` sends N requests in each read (pipelined), which takes
+them through the request parser (``httpparse.py``) instead of the plain-publish match.
 What is measured is the Python a shard spends per request between the read and the write —
 parsing, checks, the publish, the answer — not the kernel's send, receive and wake-ups
 (about as much again on a real socket: docs/benchmarks.md). Process CPU µs per request, the
@@ -22,16 +24,16 @@ import pstats
 import statistics
 import tempfile
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import uvloop
 
-from pynsqd.httpconn import http_protocol
+from pynsqd.httpconn import Connections
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.datapath import make_backend
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.http import NsqdHTTP
+from pynsqd.shard.httppub import PublishConnection
 from pynsqd.shard.node import queue_factory
 from pynsqd.shm.segment import list_segments, unlink_segment
 
@@ -64,28 +66,27 @@ async def serve(args: argparse.Namespace, data: str) -> float:
     broker = Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
     try:
         app = NsqdHTTP(broker, opts, {}, lambda: None, lambda _: None)
-        protocol = http_protocol(app)
-        state = SimpleNamespace(connections=set(), tasks=set(), default_headers=[(b"date", b"now")])
-        config = SimpleNamespace(loaded_app=app)
+        connections = Connections()
         conns = []
         for _ in range(args.connections):
-            conn = protocol(config, state)  # type: ignore[call-arg]
+            conn = PublishConnection(app, app, connections)
             transport = CountingTransport()
             conn.connection_made(transport)  # type: ignore[arg-type]
             conns.append((conn, transport))
         body = b"a" * args.size
         request = (b"POST /pub?topic=bench HTTP/1.1\r\nHost: 127.0.0.1:4151\r\nContent-Length: %d\r\n"
-                   b"Content-Type: application/octet-stream\r\n\r\n%s" % (len(body), body))
-        turns = args.requests // args.connections
+                   b"Content-Type: application/octet-stream\r\n\r\n%s" % (len(body), body)) * args.pipeline
+        turns = args.requests // (args.connections * args.pipeline)
         cpu0 = time.process_time()
         for _ in range(turns):
             for conn, _ in conns:
                 conn.data_received(request)
-            await asyncio.sleep(0)
+            for _ in range(args.pipeline):  # a turn for each request a connection holds
+                await asyncio.sleep(0)
         await asyncio.sleep(0)
         cpu = time.process_time() - cpu0
         answered = sum(t.writes for _, t in conns)
-        if answered != turns * args.connections or broker.topics["bench"].message_count != answered:
+        if answered != turns * args.connections * args.pipeline or broker.topics["bench"].message_count != answered:
             raise SystemExit(f"{answered} answers, {broker.topics['bench'].message_count} stored")
         return cpu / answered
     finally:
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=25, help="requests read per loop turn")
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--pipeline", type=int, default=1, help="requests in each read (2 and more: parsed)")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     if args.profile:
@@ -113,7 +115,7 @@ def main() -> None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
         return
     runs = [one_run(args) * 1e6 for _ in range(args.repeat)]
-    print(f"/pub, {args.connections} per loop turn, {args.size} B: "
+    print(f"/pub, {args.connections} per loop turn, {args.pipeline} a read, {args.size} B: "
           f"{statistics.median(runs):.2f} µs CPU a request (runs: {', '.join(f'{r:.2f}' for r in runs)})")
 
 

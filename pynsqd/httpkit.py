@@ -1,5 +1,5 @@
 """What nsqd, nsqlookupd and nsqadmin share to speak NSQ's HTTP: errors, query strings,
-JSON, responses, routing and the limits on a request's head.
+JSON, responses and routing (how requests are read and bounded: ``httpparse.py``).
 
 - ``HTTPError(status, code)``: a handler's failure, answered ``{"message": "<CODE>"}``.
 - ``parse_query``: Go's ``url.ParseQuery`` (a bad ``%`` escape or a ``;`` is 400
@@ -10,9 +10,6 @@ JSON, responses, routing and the limits on a request's head.
   ``internal/http_api`` V1 answers (``X-NSQ-Content-Type: nsq; version=1.0``).
 - ``Router``: httprouter's matching as NSQ configures it, for a table of
   ``(method, "/path/:param", handler)``; see its docstring.
-- Head limits (``HEAD_LIMIT``, ``MAX_HEADER_FIELDS``) and Go's raw answers for a head that
-  is too large (431) or an HTTP version other than 1.x (505); the connection protocol
-  (``httpconn.py``) enforces them while it reads.
 """
 
 from __future__ import annotations
@@ -30,18 +27,6 @@ JSON_TYPE = "application/json; charset=utf-8"
 TEXT_TYPE = "text/plain; charset=utf-8"
 NSQ_CONTENT_TYPE = ("X-NSQ-Content-Type", "nsq; version=1.0")
 NSQ_HEADER = (b"x-nsq-content-type", b"nsq; version=1.0")
-
-# Go's net/http: DefaultMaxHeaderBytes (1 MiB) for the request line and headers, read with
-# 4096 bytes of slack; past it the answer is 431 and the connection closes. Go has no count
-# of its own; ours bounds what many tiny headers cost in memory (nothing real sends 10,000).
-MAX_HEADER_BYTES = 1 << 20
-HEAD_LIMIT = MAX_HEADER_BYTES + 4096
-MAX_HEADER_FIELDS = 10_000
-_GO_ERROR_HEADERS = b"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
-HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large" + _GO_ERROR_HEADERS
-                  + b"431 Request Header Fields Too Large")
-VERSION_NOT_SUPPORTED = (b"HTTP/1.1 505 HTTP Version Not Supported: unsupported protocol version"
-                         + _GO_ERROR_HEADERS + b"505 HTTP Version Not Supported: unsupported protocol version")
 
 _GO_ESCAPES = ((b"<", b"\\u003c"), (b">", b"\\u003e"), (b"&", b"\\u0026"),
                ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))

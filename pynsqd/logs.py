@@ -28,17 +28,13 @@ class NsqFormatter(logging.Formatter):
 
 
 def setup(prefix: str, level: str) -> None:
-    """Send pynsqd's logs (and uvicorn's warnings) to stderr with NSQ's prefix and format."""
+    """Send pynsqd's logs to stderr with NSQ's prefix and format."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(NsqFormatter(prefix))
     root = logging.getLogger("pynsqd")
     root.handlers[:] = [handler]
     root.setLevel(LEVELS[level.lower()])
     root.propagate = False
-    uv = logging.getLogger("uvicorn.error")
-    uv.handlers[:] = [handler]
-    uv.setLevel(logging.WARNING)
-    uv.propagate = False
 
 
 def set_level(level: str) -> None:

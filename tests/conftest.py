@@ -38,7 +38,7 @@ INTEGRATION_MODULES = frozenset({
     "test_durability_gaps", "test_exact_recovery", "test_first_run", "test_foreign_clients",
     "test_foreign_clients_features",
     "test_log_sizing",
-    "test_observability", "test_persistence", "test_spark", "test_supervisor", "test_tools",
+    "test_observability", "test_persistence", "test_publish_order", "test_spark", "test_supervisor", "test_tools",
     "test_chaos", "test_disk_faults", "test_accept_recovery",
     "test_write_errors", "test_reload", "test_reload_load",
 })

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pynsqd.httpparse import GO_BAD_REQUEST
 from tests.support.harness import Daemon, scaled, wait_for
 
 
@@ -32,6 +33,8 @@ class Reader:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = b""
+        self.lines: list[bytes] = []  # the last answer's status line and fields
+        self.headers: dict[bytes, bytes] = {}
 
     def _fill(self) -> bool:
         data = self.sock.recv(65536)
@@ -42,8 +45,8 @@ class Reader:
         while b"\r\n\r\n" not in self.buf:
             assert self._fill(), "connection closed before an answer"
         head, _, self.buf = self.buf.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        headers = {k.lower(): v for k, _, v in (line.partition(b": ") for line in lines[1:])}
+        lines = self.lines = head.split(b"\r\n")
+        headers = self.headers = {k.lower(): v for k, _, v in (line.partition(b": ") for line in lines[1:])}
         length = int(headers.get(b"content-length", b"0"))
         while len(self.buf) < length:
             assert self._fill(), "connection closed inside a body"
@@ -74,7 +77,6 @@ def test_pipelined_publishes_and_admin_calls_answer_in_order(nsqd: Daemon, conn:
 
 def test_connection_close_and_http_1_0_close_after_the_answer(nsqd: Daemon) -> None:
     for request in (pub("closing", b"x", b"Connection: close\r\n"),
-                    b"POST /pub?topic=closing HTTP/1.0\r\nContent-Length: 1\r\n\r\nx",
                     b"GET /info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"):
         with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
             sock.sendall(request)
@@ -82,6 +84,22 @@ def test_connection_close_and_http_1_0_close_after_the_answer(nsqd: Daemon) -> N
             status, headers, _ = r.answer()
             assert (status, headers[b"connection"]) == (200, b"close")
             assert r.closed()
+    # HTTP/1.0 is answered in HTTP/1.0, as Go does: closed without a Connection field unless
+    # the request asked to be kept alive
+    for request in (b"POST /pub?topic=closing HTTP/1.0\r\nContent-Length: 1\r\n\r\nx",
+                    b"GET /ping HTTP/1.0\r\n\r\n"):
+        with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
+            sock.sendall(request)
+            r = Reader(sock)
+            assert r.answer()[0] == 200
+            assert r.closed()
+            assert r.lines[0] == b"HTTP/1.0 200 OK" and b"connection" not in r.headers
+    with socket.create_connection(nsqd.http, timeout=scaled(10)) as sock:
+        r = Reader(sock)
+        for _ in range(2):
+            sock.sendall(b"POST /pub?topic=closing HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\nx")
+            status, headers, body = r.answer()
+            assert (r.lines[0], headers[b"connection"], body) == (b"HTTP/1.0 200 OK", b"keep-alive", b"OK")
 
 
 def test_expect_100_continue(nsqd: Daemon, conn: socket.socket) -> None:
@@ -98,11 +116,12 @@ def test_expect_100_continue(nsqd: Daemon, conn: socket.socket) -> None:
     assert r.closed()
 
 
-def test_a_malformed_request_gets_400_and_a_close(nsqd: Daemon, conn: socket.socket) -> None:
+def test_a_malformed_request_gets_gos_400_and_a_close(nsqd: Daemon, conn: socket.socket) -> None:
     conn.sendall(b"POST /pub?topic=bad HTTP/1.1\r\nContent-Length: nope\r\n\r\n")
     r = Reader(conn)
-    assert r.answer()[0] == 400
-    assert r.closed()
+    while r._fill():
+        pass
+    assert r.buf == GO_BAD_REQUEST
 
 
 def test_a_too_big_body_without_expect_is_read_and_refused_keeping_the_connection(

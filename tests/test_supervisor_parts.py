@@ -259,10 +259,10 @@ def test_unparsed_bytes_round_trip_through_a_new_parser() -> None:
 
 def test_cross_shard_batch_codec() -> None:
     messages = [HEADER.pack(1, 0, b"%016d" % i) + b"body" * i for i in range(2)]
-    data = encode_batch("topic", messages, 4, 1234)
-    topic, records, body_bytes, due = decode_batch(data)
-    assert (topic, list(records), body_bytes, due) == ("topic", messages, 4, 1234)
-    assert decode_batch(encode_batch("t", [], 0, 0)) == ("t", [], 0, 0)
+    data = encode_batch("topic", messages, 4, 1234, sent_ns=99)
+    topic, records, body_bytes, due, sent = decode_batch(data)
+    assert (topic, list(records), body_bytes, due, sent) == ("topic", messages, 4, 1234, 99)
+    assert decode_batch(encode_batch("t", [], 0, 0, sent_ns=5)) == ("t", [], 0, 0, 5)
     with pytest.raises(ValueError):
         decode_batch(data + b"x")
 
@@ -327,8 +327,8 @@ def test_a_leftover_ring_of_another_shard_count_goes_to_disk_and_a_look_alike_qu
     try:
         ring = ByteRing(ring_seg.buf, init=True)
         msgs = [HEADER.pack(1, 0, b"%016d" % i) + b"body%d" % i for i in range(3)]
-        assert ring.put(encode_batch("t", msgs[:2], 10, 0))
-        assert ring.put(encode_batch("t", msgs[2:], 5, time.monotonic_ns() + 60 * 10**9))
+        assert ring.put(encode_batch("t", msgs[:2], 10, 0, sent_ns=1))
+        assert ring.put(encode_batch("t", msgs[2:], 5, time.monotonic_ns() + 60 * 10**9, sent_ns=2))
         ring.close()
         topics: list[Any] = []
         assert leftover_rings.rescue(opts, 1, lambda topic: 0, topics) == set()
@@ -353,7 +353,7 @@ def test_a_corrupt_leftover_ring_is_logged_and_removed_not_a_failed_start(tmp_pa
     seg = Segment.open(ring_name(data, 2, 0), 1 << 16, create=True)
     try:
         ring = ByteRing(seg.buf, init=True)
-        assert ring.put(encode_batch("t", [b"x" * 40], 1, 0))
+        assert ring.put(encode_batch("t", [b"x" * 40], 1, 0, sent_ns=1))
         ring.close()
         seg.buf[RING_HEADER_SIZE:RING_HEADER_SIZE + 8] = b"\xff" * 8  # the record's length frame
         topics: list[Any] = []

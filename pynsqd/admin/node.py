@@ -28,7 +28,7 @@ from pynsqd.admin.config import AdminOptions
 from pynsqd.admin.http import AdminHTTP
 from pynsqd.admin.sampler import Sampler
 from pynsqd.daemon import StopRequest, daemon_logger
-from pynsqd.httpserver import embedded_server
+from pynsqd.httpserver import app_server
 from pynsqd.netaddr import bind, describe
 from pynsqd.options import SECOND, version_string
 
@@ -53,13 +53,13 @@ class AdminNode:
     async def main(self) -> None:
         """Serve HTTP and sample until ``exit()``; then shut down and return."""
         with self._stop.armed():
-            server = embedded_server(self.http.app())
+            server = app_server(self.http.app())
             sampler = asyncio.create_task(self.sampler.run())
             try:
                 async with asyncio.TaskGroup() as tg:
-                    tg.create_task(server.serve(sockets=[self.http_socket]))
+                    tg.create_task(server.serve(self.http_socket))
                     await self._stop.wait()
-                    server.should_exit = True
+                    server.stop()
             finally:
                 sampler.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -7,7 +7,7 @@ the real address is known (and logged as ``TCP: listening on host:port`` /
 ``HTTP: listening on host:port``) before anything runs. ``await node.main()`` serves both
 on the running loop, in one TaskGroup, until ``exit()`` is called: SIGTERM and SIGINT only
 call ``exit()``, which sets an event. Shutdown then stops accepting, closes every producer
-connection (each takes its registrations with it) and lets uvicorn finish in-flight HTTP
+connection (each takes its registrations with it) and lets the HTTP server finish in-flight
 requests. The registration DB lives in memory only, as in NSQ.
 """
 
@@ -21,7 +21,7 @@ import orjson
 
 from pynsqd import NSQ_VERSION
 from pynsqd.daemon import StopRequest, daemon_logger
-from pynsqd.httpserver import EmbeddedServer, embedded_server
+from pynsqd.httpserver import HTTPServer, app_server
 from pynsqd.lookupd.config import LookupdOptions
 from pynsqd.lookupd.http import LookupHTTP
 from pynsqd.lookupd.registry import RegistrationDB
@@ -61,13 +61,13 @@ class LookupNode:
     async def main(self) -> None:
         """Serve TCP and HTTP until ``exit()``; then shut both down and return."""
         with self._stop.armed():
-            http = embedded_server(self.http_app)
+            http = app_server(self.http_app)
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(http.serve(sockets=[self.http_socket]))
+                tg.create_task(http.serve(self.http_socket))
                 tg.create_task(self._serve_tcp(http))
         self.log.info("nsqlookupd exited")
 
-    async def _serve_tcp(self, http: EmbeddedServer) -> None:
+    async def _serve_tcp(self, http: HTTPServer) -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
             lambda: LookupProtocol(self.db, self.identify_response, self.log, self.connections),
@@ -79,7 +79,7 @@ class LookupNode:
             server.close()
             for conn in list(self.connections):
                 conn.close()
-            http.should_exit = True
+            http.stop()
             await server.wait_closed()
 
     def exit(self) -> None:

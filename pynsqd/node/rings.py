@@ -1,7 +1,7 @@
 """The inbound rings of a node: one shared-memory ``ByteRing`` per (producer shard, owner
 shard) pair, named after the data path. The supervisor creates them at start and releases
-them at exit; the shards attach to them (``shard/crossshard.py``) and write and drain the
-records of ``crossrecord.py``."""
+them at exit; the shards attach to them and write (``shard/crossshard.py``) and drain
+(``shard/inbound.py``) the records of ``crossrecord.py``."""
 
 from __future__ import annotations
 

@@ -87,6 +87,10 @@ class Router(Protocol):
 
     def forward(self, topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> None: ...
 
+    def catch_up(self) -> None:
+        """Store what the inbound rings hold that was sent before now: this shard is about to
+        store a publish it received itself (``shard/inbound.py``)."""
+
     def relay(self, client: Any, owner: int, unread: bytes) -> None: ...
 
 
@@ -353,11 +357,12 @@ class Broker:
             records = self.ids.next_records(TS_ATTEMPTS.pack(time.time_ns(), 0), bodies)
             size = sum(map(len, bodies))
         topic = self.topics.get(topic_name)  # only this shard's own topics are in ``topics``
-        if topic is None:
-            router = self._remote(topic_name)
-            if router is not None:
+        router = self.router
+        if router is not None:
+            if topic is None and router.owner(topic_name) != self.shard:
                 self._forward(router, topic_name, bodies, records, size)
                 return
+            router.catch_up()  # publishes acknowledged before this one was received go first
         try:
             (topic or self.get_topic(topic_name)).put_many(records, size)
         except OSError as exc:
@@ -400,10 +405,12 @@ class Broker:
         if self.exiting:
             raise BrokerError("exiting")
         record = self.ids.next_record(TS_ATTEMPTS.pack(time.time_ns(), 0), body)
-        router = self._remote(topic_name)
+        router = self.router
         if router is not None:
-            router.forward(topic_name, [record], len(body), delay_ms * MS)
-            return
+            if router.owner(topic_name) != self.shard:
+                router.forward(topic_name, [record], len(body), delay_ms * MS)
+                return
+            router.catch_up()
         topic = self.get_topic(topic_name)
         try:  # a full log journals the message on disk first (``MessageQueue.append``)
             topic.put_deferred(record, delay_ms * MS, time.monotonic_ns(), len(body))

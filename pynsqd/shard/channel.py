@@ -49,6 +49,7 @@ from pynsqd.shard.consumer import Consumer
 from pynsqd.shard.inflight import NO_IDS, DeferredQueue, Delivery, TimeoutWheel
 from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import MessageQueue
+from pynsqd.shard.unit import Unit
 from pynsqd.shm.log import DEFERRED, IN_FLIGHT
 from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, ID_OFFSET
 from pynsqd.wire.names import is_ephemeral
@@ -138,23 +139,27 @@ class Channel:
         self.queue.finish(new)  # nothing refers to it (a duplicate): drop the copy
 
     # --- messages in ----------------------------------------------------------------------
-    def put_many(self, records: Sequence[bytes]) -> None:
-        """Queue published messages (raises the backend's error when it cannot store them)."""
-        self.queue.put_many(records)
+    def put_many(self, records: Sequence[bytes], unit: Unit | None = None) -> None:
+        """Queue published messages (raises the backend's error when it cannot store them);
+        ``unit``: they are a cross-shard batch's (``MessageQueue.put_many``)."""
+        self.queue.put_many(records, unit)
         self.message_count += len(records)
         if self.consumers:
             self._schedule(self)
 
-    def put_deferred(self, record: bytes, due: int) -> None:
+    def put_deferred(self, record: bytes, due: int, unit: Unit | None = None) -> None:
         """Hold ``record`` until ``due`` (monotonic ns); its record in the log keeps the
-        wall-clock due time."""
-        self._defer(record, due, None)
+        wall-clock due time. ``unit``: it is a cross-shard batch's, skipped when this
+        channel holds it already (``shard/unit.py``)."""
+        if unit is not None and self.queue.tally.skip(unit, 1):
+            return
+        self._defer(record, due, None, unit)
         self.message_count += 1
 
-    def _defer(self, record: bytes, due: int, pos: int | None) -> None:
+    def _defer(self, record: bytes, due: int, pos: int | None, unit: Unit | None = None) -> None:
         wall = due - time.monotonic_ns() + time.time_ns()
         if pos is None:
-            pos = self.queue.append(record, DEFERRED, wall)
+            pos = self.queue.append(record, DEFERRED, wall, unit)
             if pos is None:  # no room in shared memory: journaled on disk, held in memory
                 log.warning("%r: shared memory full; a deferred message is held in memory", self)
                 pos = -1

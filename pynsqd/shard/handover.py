@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pynsqd.httpserver import EmbeddedServer
+from pynsqd.httpserver import HTTPServer
 from pynsqd.node.control import ControlChannel
 from pynsqd.node.messages import ConnectionState, Handover, ServeHTTP
 from pynsqd.shard.broker import Broker
@@ -68,8 +68,8 @@ async def recovered(broker: Broker) -> bool:
     return not broker.recovery.active
 
 
-async def drain(broker: Broker, control: ControlChannel, http: EmbeddedServer | None,
-                https: EmbeddedServer | None, wait: float) -> None:
+async def drain(broker: Broker, control: ControlChannel, http: HTTPServer | None,
+                https: HTTPServer | None, wait: float) -> None:
     """Phase 1 (see the module doc)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
@@ -94,7 +94,7 @@ async def drain(broker: Broker, control: ControlChannel, http: EmbeddedServer | 
     log.info("drained: %d idle HTTP connection(s) handed back, %d still open", given, still)
 
 
-async def release(broker: Broker, servers: list[EmbeddedServer], relays: list[Any]) -> Captured:
+async def release(broker: Broker, servers: list[HTTPServer], relays: list[Any]) -> Captured:
     """Phase 2 up to the parts (see the module doc): the caller sends them, then exits.
 
     Delivery stops first, while commands are still read (publishers wait for nothing yet),

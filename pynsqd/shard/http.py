@@ -26,7 +26,6 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from pynsqd import NSQ_VERSION, logs
-from pynsqd.httpconn import BUSY_RETRY, Later, Step
 from pynsqd.httpkit import (
     JSON_TYPE,
     NSQ_HEADER,
@@ -40,6 +39,7 @@ from pynsqd.httpkit import (
 from pynsqd.node.config import LOG_LEVELS, NsqdOptions
 from pynsqd.options import config_value
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
+from pynsqd.shard.httppub import BUSY_RETRY, Later, Step
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
 from pynsqd.shard.pubgroup import PublishGroup
@@ -156,7 +156,7 @@ class NsqdHTTP:
         to be retried by the caller while it raises ``Backpressure``; a plain ``/pub`` joins
         the loop turn's batch (``pubgroup.py``) and its call returns the ``Later`` to wait
         for. Transport-free: the ASGI path above and the connection protocol
-        (``httpconn.py``) both drive it. ``/pub`` has one step, checked here (the hot path:
+        (``httppub.py``) both drive it. ``/pub`` has one step, checked here (the hot path:
         no generator); ``/mpub`` creates its topic before it checks the body."""
         if path == "/pub":
             return iter((self._pub_step(query, body),))

@@ -32,9 +32,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from pynsqd.httpconn import BUSY_RETRY, Later
 from pynsqd.httpkit import HTTPError
 from pynsqd.shard.broker import Backpressure, Broker, BrokerError
+from pynsqd.shard.httppub import BUSY_RETRY, Later
 
 log = logging.getLogger("pynsqd.shard")
 

@@ -36,6 +36,12 @@ segment too (``pynsqd.shm.store.BackendMark``): before each append of a refill, 
 past it with the log's write index; after the commit, the committed position. The end of
 the recovery hands the backend the position that matches the log (``DiskQueue.skip_to``), so
 a kill -9 at any point reads no refilled message a second time.
+
+A cross-shard batch (``put_many`` or ``append`` with a ``Unit``) may be applied again: the
+queue skips the messages of it that it holds (``shard/unit.py``: its ``Tally``, kept in its
+segment too by ``store.ApplyMark``, opened just before an append and closed after it).
+``start_recovery`` adds what an append the crash interrupted put in the log (past its write
+index then), the disk queue (past its write position then) or the journal (past its size).
 """
 
 from __future__ import annotations
@@ -45,12 +51,13 @@ import os
 from collections.abc import Callable, Container, Sequence
 from typing import Any, Protocol
 
+from pynsqd.shard.unit import Tally, Unit
 from pynsqd.shm import sidecar as sidecar_file
-from pynsqd.shm.frames import Frames
+from pynsqd.shm.frames import Frames, RingError
 from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, READY_HEADER, MessageLog
 from pynsqd.shm.logrecovery import Deferred, LogScan
 from pynsqd.shm.segment import Segment
-from pynsqd.shm.store import BackendMark, Position, open_log
+from pynsqd.shm.store import ApplyMark, BackendMark, Position, open_log
 
 logger = logging.getLogger("pynsqd.shard")
 
@@ -68,6 +75,9 @@ class Backend(Protocol):
     @property
     def committed_position(self) -> Position | None: ...
     def skip_to(self, position: Position) -> int: ...
+    @property
+    def write_position(self) -> Position: ...
+    def records_after(self, position: Position) -> int: ...
     def empty(self) -> None: ...
     def delete(self) -> None: ...
     def close(self) -> None: ...
@@ -96,6 +106,11 @@ class DropBackend:
     def skip_to(self, position: Position) -> int:
         return 0
 
+    write_position = (0, 0)
+
+    def records_after(self, position: Position) -> int:
+        return 0
+
     def empty(self) -> None:
         pass
 
@@ -119,8 +134,9 @@ class MessageQueue:
     """Ready messages in a shared-memory log, then the backend. ``put_many`` may raise the
     backend's error (then nothing was stored)."""
 
-    __slots__ = ("_done", "_mark", "again", "backend", "cursor", "grow", "journal", "journaled", "largest", "limit",
-                 "live", "log", "on_move", "ready", "recovering", "scan", "segment", "shifted", "sidecar")
+    __slots__ = ("_applied", "_done", "_mark", "again", "backend", "cursor", "grow", "journal", "journaled",
+                 "largest", "limit", "live", "log", "on_move", "ready", "recovering", "scan", "segment", "shifted",
+                 "sidecar", "tally")
 
     def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
                  recovering: bool = False, sidecar: str | None = None) -> None:
@@ -145,6 +161,9 @@ class MessageQueue:
         self.grow: Grow | None = None  # makes the log larger (``shm/sizing.Grower``), if it may
         # where the backend has been read up to, kept in shared memory (durable queues only)
         self._mark = None if segment is None or isinstance(backend, DropBackend) else BackendMark(segment)
+        # how much of the last cross-shard batch put here it holds (``shard/unit.py``), and the same in the segment
+        self.tally = Tally()
+        self._applied = None if segment is None or isinstance(backend, DropBackend) else ApplyMark(segment)
 
     def __len__(self) -> int:
         if self.scan is not None:
@@ -169,6 +188,8 @@ class MessageQueue:
         here on. Returns [(pos, due wall ns, message)] of the deferred messages of the sidecar
         and the journal (appended to the log now; pos -1 for one that found no room)."""
         self.recovering = False
+        if self._applied is not None:  # first: nothing below may append before it counts
+            self.tally = self._recovered_tally(self._applied)
         # the mark says where the backend resumes given the log's write index as it was left
         self.scan = LogScan(self.log, None if self._mark is None else self._mark.load(self.log.write_index))
         self.cursor = self.log.read_index
@@ -197,6 +218,24 @@ class MessageQueue:
         while self.scan is not None:
             deferred += self.recover_step(1 << 20)
         return deferred
+
+    def _recovered_tally(self, mark: ApplyMark) -> Tally:
+        """The tally a previous process left; if it was killed while appending a batch's
+        messages, those that reached the log, the disk queue and the journal are counted in."""
+        saved = mark.load()
+        if saved is None:
+            return Tally()
+        src, first, held, write_index, backend, journal = saved
+        if write_index >= 0:
+            try:
+                held += self.log.count_from(write_index)
+            except RingError as exc:  # never: nothing moves the log's indices back before it
+                logger.error("%r: cannot count an interrupted append - %s", self.log, exc)
+            held += self.backend.records_after(backend)
+            if journal >= 0 and self.journal is not None:
+                held += sidecar_file.journal_records_after(self.journal, journal)
+            mark.save(src, first, held)
+        return Tally(src, first, held)
 
     def _skip_backend(self, scan: LogScan) -> None:
         """The log proved whole: the backend's metadata may be older than the mark kept in
@@ -230,7 +269,7 @@ class MessageQueue:
         return out
 
     # --- in ---------------------------------------------------------------------------
-    def put_many(self, records: Sequence[bytes]) -> None:
+    def put_many(self, records: Sequence[bytes], unit: Unit | None = None) -> None:
         """Store ``records`` ready: the log up to ``limit`` ready messages and its bytes, the
         backend past it, and the backend alone while it holds messages (they are older, and
         the log is served first; only a backend that refuses the write lets new ones into
@@ -238,12 +277,45 @@ class MessageQueue:
         batch, framed by its producer) is appended with one copy when the path below would
         append it whole with no ``make_room`` (room for every message, 31 bytes a message to
         spare) and it fits before the log's end: the same bytes that path writes. Otherwise
-        it takes that path with the messages."""
+        it takes that path with the messages. With ``unit`` (they are a cross-shard batch's,
+        from message ``unit.start`` on) the ones this queue holds already are skipped."""
+        if unit is None:
+            self._put(records, None, 0)
+            return
+        held = self.tally.skip(unit, len(records))
+        if held:
+            if held == len(records):
+                return
+            records = (records.records() if isinstance(records, Frames) else records)[held:]
+        before = unit.start + held
+        try:
+            self._put(records, unit, before)
+        except Exception:
+            self._close_unit(unit, before)
+            raise
+        self.tally.took(unit, before + len(records))
+        self._close_unit(unit, before + len(records))
+
+    def _open_unit(self, unit: Unit, held: int, journal: int = -1) -> None:
+        """Just before appending messages of ``unit`` past the first ``held``: the log's and
+        the backend's ends (and the journal's size, before an append to it) in the segment,
+        so a restart can count what got in."""
+        if self._applied is not None:
+            self._applied.save(unit.src, unit.first, held, self.log.write_index, self.backend.write_position,
+                               journal)
+
+    def _close_unit(self, unit: Unit, held: int) -> None:
+        if self._applied is not None:
+            self._applied.save(unit.src, unit.first, held)
+
+    def _put(self, records: Sequence[bytes], unit: Unit | None, held: int) -> None:
         log = self.log
         room = self.limit - self.ready - (0 if self.scan is None else self.scan.unscanned)
         if self.backend.depth:
             plain = records.records() if type(records) is Frames else records
             try:
+                if unit is not None:
+                    self._open_unit(unit, held)
                 self.backend.put_many(plain)
                 return
             except Exception:
@@ -258,12 +330,17 @@ class MessageQueue:
             n = len(records)
             # frames are >= 24 bytes a message more than the messages: spare is >= need below
             spare = log.free_bytes - (records.end - records.start) - 7 * n
-            if room >= n and spare >= 0 and records.lead == READY_HEADER and log.put_frames(records):
-                self.ready += n
-                self.live += n
-                return
+            if room >= n and spare >= 0 and records.lead == READY_HEADER:
+                if unit is not None:
+                    self._open_unit(unit, held)
+                if log.put_frames(records):
+                    self.ready += n
+                    self.live += n
+                    return
             records = records.records()
         if room <= 0:
+            if unit is not None:
+                self._open_unit(unit, held)
             self.backend.put_many(records)
             return
         part = records if room >= len(records) else records[:room]
@@ -271,6 +348,8 @@ class MessageQueue:
         if log.free_bytes < need and not self.make_room(need):
             self._grow(need)
         mark = log.mark()
+        if unit is not None:  # after ``make_room`` and ``_grow``: they move the log's end
+            self._open_unit(unit, held)
         n = log.append_ready(part)
         if n < len(records):
             try:
@@ -284,21 +363,37 @@ class MessageQueue:
     def put(self, record: bytes) -> None:
         self.put_many((record,))
 
-    def append(self, record: bytes, state: int, due: int) -> int | None:
+    def append(self, record: bytes, state: int, due: int, unit: Unit | None = None) -> int | None:
         """Store one deferred record (``due`` wall-clock ns); its position, or None without
         room in the log: then a durable queue appends it to its journal (raising
         ``OSError`` when it cannot: nothing stored) and the owner holds it in memory, and
-        calls ``unjournal`` once it is stored elsewhere."""
+        calls ``unjournal`` once it is stored elsewhere. ``unit``: it is message
+        ``unit.start`` of a cross-shard batch (the caller asked ``tally.skip`` first)."""
         log = self.log
         frame = log.frame_of(len(record))
-        pos = log.append(record, state, due)
-        if pos is None and (self.make_room(frame) or self._grow(frame)):
+        held = -1 if unit is None else unit.start
+        try:
+            if unit is not None:
+                self._open_unit(unit, held)
             pos = log.append(record, state, due)
-        if pos is not None:
-            self.live += 1
-        elif self.journal is not None:
-            sidecar_file.append_journal(self.journal, due, record)
-            self.journaled += 1
+            if pos is None and (self.make_room(frame) or self._grow(frame)):
+                if unit is not None:
+                    self._open_unit(unit, held)
+                pos = log.append(record, state, due)
+            if pos is not None:
+                self.live += 1
+            elif self.journal is not None:
+                if unit is not None:
+                    self._open_unit(unit, held, sidecar_file.journal_size(self.journal))
+                sidecar_file.append_journal(self.journal, due, record)
+                self.journaled += 1
+        except Exception:
+            if unit is not None:
+                self._close_unit(unit, held)
+            raise
+        if unit is not None:
+            self.tally.took(unit, held + 1)
+            self._close_unit(unit, held + 1)
         return pos
 
     def unjournal(self, messages: Sequence[bytes]) -> None:
@@ -366,8 +461,10 @@ class MessageQueue:
     def export(self) -> dict[str, Any]:
         """What only this process knows of the log (it is never walked while one of this
         process's own runs: the caller waited for ``scanning`` to end)."""
+        tally = self.tally
         return {"ready": self.ready, "live": self.live, "cursor": self.cursor, "again": list(self.again),
-                "done": self._done, "largest": self.largest, "journaled": self.journaled}
+                "done": self._done, "largest": self.largest, "journaled": self.journaled,
+                "tally": [tally.src, tally.first, tally.held]}
 
     def adopt(self, state: dict[str, Any]) -> None:
         """Carry on from ``export`` of the process that handed this queue over: the log is
@@ -378,6 +475,7 @@ class MessageQueue:
         self.ready, self.live, self.cursor = int(state["ready"]), int(state["live"]), int(state["cursor"])
         self.again = dict.fromkeys(int(pos) for pos in state["again"])
         self._done, self.largest, self.journaled = int(state["done"]), int(state["largest"]), int(state["journaled"])
+        self.tally = Tally(*map(int, state.get("tally", (-1, 0, 0))))  # what of a cross-shard batch it holds
 
     def requeue(self, pos: int) -> None:
         """Make the (in-flight or deferred) record at ``pos`` ready again, in place."""

@@ -32,6 +32,7 @@ from typing import Any
 
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.queue import MessageQueue
+from pynsqd.shard.unit import Unit
 from pynsqd.shm.log import DEFERRED
 from pynsqd.wire.message import ID_OFFSET
 from pynsqd.wire.names import is_ephemeral
@@ -112,44 +113,48 @@ class Topic:
         """True when published messages go straight to the channels."""
         return bool(self.channels) and not self.paused
 
-    def put_many(self, records: Sequence[bytes], body_bytes: int) -> None:
+    def put_many(self, records: Sequence[bytes], body_bytes: int, unit: Unit | None = None) -> None:
         """Publish. Raises the backend's error if the messages cannot be stored. ``records``
         may be a run of READY log frames (a cross-shard batch, ``shm/frames.Frames``): each
-        queue that can take it whole appends it as it is (``MessageQueue.put_many``)."""
+        queue that can take it whole appends it as it is (``MessageQueue.put_many``).
+        ``unit``: they are a cross-shard batch's; a queue skips what it holds of it."""
         queue = self.queue
         if (self.channels and not self.paused and not queue.ready and not queue.backend.depth
                 and not self.retry_at):  # flowing, nothing waiting here, no retry pending
             took = 0
             try:
                 for channel in self.channels.values():
-                    channel.put_many(records)
+                    channel.put_many(records, unit)
                     took += 1
             except Exception as exc:
                 if not took:
                     raise  # no channel took them: the publish fails as a whole
-                self._keep_refused(records, took, exc)
+                self._keep_refused(records, took, exc, unit)
         else:
-            self.queue.put_many(records)
+            self.queue.put_many(records, unit)
             if self.flowing:
                 self._schedule(self)
         self.message_count += len(records)
         self.message_bytes += body_bytes
 
-    def _keep_refused(self, records: Sequence[bytes], took: int, exc: Exception) -> None:
+    def _keep_refused(self, records: Sequence[bytes], took: int, exc: Exception, unit: Unit | None) -> None:
         """The first ``took`` channels took ``records``, the next one refused them: queue
         them here for the pump to hand to the others (raises if the topic cannot either)."""
         names = set(list(self.channels)[:took])
-        self.queue.put_many(records)
+        self.queue.put_many(records, unit)
         for record in records:
             self.handed[record[ID_OFFSET:ID_OFFSET + 16]] = set(names)
         self._failed(time.monotonic_ns(), exc)
 
-    def put_deferred(self, record: bytes, delay: int, now: int, body_bytes: int) -> None:
+    def put_deferred(self, record: bytes, delay: int, now: int, body_bytes: int, unit: Unit | None = None) -> None:
+        """DPUB: ``record`` is due ``delay`` ns after ``now`` (monotonic). ``unit``: it is a
+        cross-shard batch's; a channel, or this topic while it keeps it, that holds it
+        already does not store it again."""
         if self.flowing:
             for channel in self.channels.values():
-                channel.put_deferred(record, now + delay)
-        else:
-            pos = self.queue.append(record, DEFERRED, time.time_ns() + delay)
+                channel.put_deferred(record, now + delay, unit)
+        elif unit is None or not self.queue.tally.skip(unit, 1):
+            pos = self.queue.append(record, DEFERRED, time.time_ns() + delay, unit)
             self.waiting_deferred.append((record, now + delay, -1 if pos is None else pos))
         self.message_count += 1
         self.message_bytes += body_bytes

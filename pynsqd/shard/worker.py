@@ -22,7 +22,7 @@ respawn loop.
 Serving: TCP connections arrive as ``Adopt`` messages (fd + state + unread bytes) and become
 ``ClientV2`` protocols via ``connect_accepted_socket``. HTTP and HTTPS connections arrive as
 ``ServeHTTP`` messages (fd), handed out in turn (``supervisor/httpaccept.py``), and are
-served by the embedded HTTP server (``EmbeddedServer.adopt``). Every pass of the broker's 100 ms
+served by the shard's HTTP server (``HTTPServer.adopt``). Every pass of the broker's 100 ms
 scan ends by writing a timestamp into the heartbeat page (``node/heartbeat.py``), so a beat
 proves that the scan (timeouts, deferred delivery, deadlines, syncs) makes progress, not only
 that the loop turns; disk syncs run on a worker thread (``syncer.py``). A shard silent for
@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -61,7 +62,7 @@ import orjson
 import uvloop
 
 from pynsqd import __version__, logs
-from pynsqd.httpserver import EmbeddedServer, embedded_server
+from pynsqd.httpserver import HTTPServer
 from pynsqd.node import metadata
 from pynsqd.node.boot import BOOT_ERROR, IMPORT_CHECK, BootConfig
 from pynsqd.node.control import ControlChannel, Received
@@ -100,9 +101,11 @@ from pynsqd.node.placement import Placement
 from pynsqd.node.tls import build_server_context
 from pynsqd.shard import handover
 from pynsqd.shard.broker import Broker
-from pynsqd.shard.crossshard import Inbound, Outbound
+from pynsqd.shard.crossshard import Outbound
 from pynsqd.shard.handover import Takeover
 from pynsqd.shard.http import NsqdHTTP
+from pynsqd.shard.httppub import PublishConnection
+from pynsqd.shard.inbound import Inbound
 from pynsqd.shard.memory import keep_large_blocks
 from pynsqd.shard.node import node_info, queue_factory
 from pynsqd.shard.nodehttp import NodeHTTP, run_local
@@ -148,6 +151,7 @@ class ShardWorker:
             self.broker.recovery.run(BOOT)
         self.outbound = Outbound(opts.data_dir, self.index, self.shards, boot.wake_fds)
         self.inbound = Inbound(opts.data_dir, self.index, self.shards, boot.wake_fds[self.index], self.broker)
+        self.catch_up = self.inbound.catch_up  # Router.catch_up, on the owner's hot path: no call between
         self.broker.router = self
         self.heartbeat = Heartbeat(boot.heartbeat_fd)
         self.tls_ctx = build_server_context(opts)  # the supervisor checked the files already
@@ -169,9 +173,9 @@ class ShardWorker:
         self._stop = asyncio.Event()
         self._exited = False
         self._changed_topics: set[str] = set()  # to send to the supervisor this turn
-        self._http_server: EmbeddedServer | None = None
+        self._http_server: HTTPServer | None = None
         self._http_task: asyncio.Task[None] | None = None
-        self._https_server: EmbeddedServer | None = None
+        self._https_server: HTTPServer | None = None
         self._https_task: asyncio.Task[None] | None = None
         self.failed = False  # stopping because the scan or a server failed: exit status 1
         self.boot_failed = False  # stopping because a log could not be recovered: BOOT_ERROR
@@ -307,7 +311,7 @@ class ShardWorker:
 
         def serve() -> None:
             for sock in socks:
-                if server is None or server.should_exit:  # stopping: the client will reconnect elsewhere
+                if server is None or server.stopping:  # stopping: the client will reconnect elsewhere
                     sock.close()
                     continue
                 self._track(loop.create_task(server.adopt(sock)))
@@ -451,13 +455,14 @@ class ShardWorker:
             self.broker.sync_all()  # what the replaced process wrote and did not sync
         self.inbound.start(loop)
         # no listening sockets: the supervisor hands each connection over (``serve_http``)
+        connection = functools.partial(PublishConnection, self.node_http, self.app)
         if self.boot.http:
-            self._http_server = embedded_server(self.node_http, publisher=self.app)
-            self._http_task = loop.create_task(self._http_server.serve(sockets=[]))
+            self._http_server = HTTPServer(connection)
+            self._http_task = loop.create_task(self._http_server.serve())
             self._http_task.add_done_callback(self._server_ended)
         if self.boot.https:
-            self._https_server = embedded_server(self.node_http, self.tls_ctx, self.app)
-            self._https_task = loop.create_task(self._https_server.serve(sockets=[]))
+            self._https_server = HTTPServer(connection, self.tls_ctx)
+            self._https_task = loop.create_task(self._https_server.serve())
             self._https_task.add_done_callback(self._server_ended)
         self._send_snapshot()
         self.control.send(Ready(os.getpid(), __version__))
@@ -516,7 +521,7 @@ class ShardWorker:
             await asyncio.sleep(DRAIN_POLL)
         for server, task in ((self._http_server, self._http_task), (self._https_server, self._https_task)):
             if server is not None:
-                server.should_exit = True
+                server.stop()
                 if task is not None:
                     await task
         self._http_server = self._https_server = None

@@ -283,6 +283,25 @@ class DiskQueue:
         reading once a sync has persisted it."""
         return self._committed
 
+    @property
+    def write_position(self) -> tuple[int, int]:
+        """(file number, offset) where the next record will be written."""
+        return self._write_file, self._write_pos
+
+    def records_after(self, position: tuple[int, int]) -> int:
+        """Whole records written from ``position`` (a ``write_position`` this queue had) to
+        the end of what is written: after a crash, how many of an append that began there
+        reached the files (a torn one is cut off at open)."""
+        file_num, pos = position
+        with self._lock:
+            self._check_open()
+            end = (self._write_file, self._write_pos)
+            if not position < end:
+                return 0
+            return sum(self._scanner.scan_file(num, pos if num == file_num else 0,
+                                               end[1] if num == end[0] else None)[0]
+                       for num in range(file_num, end[0] + 1))
+
     def skip_to(self, position: tuple[int, int]) -> int:
         """Go on reading at ``position``, a ``committed_position`` this queue had before a
         crash that came before the sync persisting it (the owner kept it where a crash

@@ -11,6 +11,7 @@ The buffer starts with a 192-byte header and then ``capacity`` bytes of record a
     72   records written (u64)
     128  read index (u64)           consumer-owned cache line
     136  records consumed (u64)
+    144  consumer's note (u64)      what the consumer is in the middle of (0: nothing)
 
 Both indices are monotonic byte counters; ``index % capacity`` is the position in the record
 area, ``write - read`` the bytes in use, so full and empty never look alike. A record is
@@ -29,6 +30,10 @@ memoryview is one ``memcpy`` of 8 bytes, a single instruction on x86-64; ``struc
 an explicit byte order writes byte by byte and must not be used for them), and x86 does not reorder
 stores with stores, so the other side never sees an index ahead of the bytes it covers. One
 producer process and one consumer process may use a ring at a time.
+
+The consumer's note is one word the consumer may store for itself in the ring, where it
+outlives the process (``shard/inbound.py`` notes the batch it is applying); the ring never
+reads it.
 
 The counts serve ``__len__`` only (``written - consumed``, clamped at 0). A process killed
 between its two stores leaves them off by one batch; ``recover()`` (called by the owner
@@ -67,6 +72,7 @@ _WRITE = 8
 _WSEQ = 9
 _READ = 16
 _RSEQ = 17
+_NOTE = 18
 
 _VER = struct.Struct("<II")
 _WRAP_FRAME = FRAME.pack(WRAP, 0)
@@ -75,6 +81,9 @@ __all__ = ["FRAME", "FRAME_SIZE", "HEADER_SIZE", "WRAP", "ByteRing", "Frames", "
            "buffer_size", "frame_size", "put_one"]
 
 Writable = bytearray | memoryview | mmap.mmap
+# records a walk passed in one contiguous stretch: (how many came before them, their area
+# positions' offset from the ring's indices, the positions where each starts and ends)
+Run = tuple[int, int, list[int], list[int]]
 
 
 def put_one(buf: memoryview, words: memoryview, cap: int, max_frame: int, lead: bytes, record: bytes) -> bool:
@@ -115,7 +124,8 @@ class ByteRing:
     Call ``close()`` before closing an mmap under the ring (the ring holds a view of it).
     """
 
-    __slots__ = ("_buf", "_cap", "_max_frame", "_peek_end", "_words")
+    __slots__ = ("_buf", "_cap", "_max_frame", "_peek_count", "_peek_read", "_peek_runs", "_peek_taken", "_peek_whole",
+                 "_words")
 
     def __init__(self, buf: Writable, *, init: bool) -> None:
         view = memoryview(buf)
@@ -130,7 +140,10 @@ class ByteRing:
         self._buf = view
         # Native 8-byte words: item stores and loads are single aligned memcpy's of 8 bytes.
         self._words = words = view[:HEADER_SIZE].cast("Q")
-        self._peek_end: tuple[int, int, int] | None = None
+        self._peek_read = -1  # read index of the last peek (-1: none), then the read index after
+        self._peek_runs: list[Run] = []  # where its records end (``_walk``); how many, how many consumed
+        self._peek_count = self._peek_taken = 0
+        self._peek_whole = False  # that peek reached the write index
         if init:
             cap = (len(view) - HEADER_SIZE) & ~7
             view[:HEADER_SIZE] = bytes(HEADER_SIZE)
@@ -183,6 +196,29 @@ class ByteRing:
         words = self._words
         count: int = words[_WSEQ] - words[_RSEQ]
         return count if count > 0 else 0
+
+    def has_records(self) -> bool:
+        """Whether a record is published and not consumed: two index loads, no check."""
+        words = self._words
+        return words[_WRITE] != words[_READ]
+
+    @staticmethod
+    def any_records(rings: Sequence[ByteRing]) -> bool:
+        """``has_records`` of any of ``rings``, in one call (a check on a hot path)."""
+        for ring in rings:
+            words = ring._words
+            if words[_WRITE] != words[_READ]:
+                return True
+        return False
+
+    @property
+    def note(self) -> int:
+        """The consumer's note (see the module doc)."""
+        return int(self._words[_NOTE])
+
+    @note.setter
+    def note(self, value: int) -> None:
+        self._words[_NOTE] = value
 
     def _indices(self) -> tuple[int, int]:
         words = self._words
@@ -297,12 +333,13 @@ class ByteRing:
     # -- consumer ------------------------------------------------------------------------
 
     def _walk(self, read: int, write: int, max_count: int, out: list[bytes] | None,
-              max_bytes: int = UNBOUNDED) -> tuple[int, int]:
+              max_bytes: int = UNBOUNDED, runs: list[Run] | None = None) -> tuple[int, int]:
         """Walk up to ``max_count`` frames from index ``read`` towards ``write``, and no more
         once the records walked hold ``max_bytes`` (the first is always walked).
 
         Returns (records walked, the read index after them); appends copies of the records
-        to ``out`` unless it is None (one copy of the buffer per contiguous run).
+        to ``out`` unless it is None (one copy of the buffer per contiguous run), and to
+        ``runs``, unless it is None, what says where each record ends (``_end_of``).
         """
         buf = self._buf
         cap = self._cap
@@ -313,7 +350,7 @@ class ByteRing:
             pos = start = read % cap
             end = pos + min(write - read, cap - pos)
             starts: list[int] = []
-            ends: list[int] = []
+            stops: list[int] = []
             while pos < end and count < max_count and walked < max_bytes:
                 size, check = unpack(buf, HEADER_SIZE + pos)
                 if size ^ check != WRAP:
@@ -327,16 +364,26 @@ class ByteRing:
                 if pos + frame > end:
                     raise RingError(f"record length {size} at {pos} runs past the written data")
                 starts.append(pos + FRAME_SIZE)
-                ends.append(pos + FRAME_SIZE + size)
+                stops.append(pos + FRAME_SIZE + size)
                 pos += frame
                 count += 1
                 walked += size
             if out is not None and starts:
                 first = starts[0]
-                chunk = buf[HEADER_SIZE + first:HEADER_SIZE + ends[-1]].tobytes()
-                out += [chunk[a - first:b - first] for a, b in zip(starts, ends)]
+                chunk = buf[HEADER_SIZE + first:HEADER_SIZE + stops[-1]].tobytes()
+                out += [chunk[a - first:b - first] for a, b in zip(starts, stops)]
+            if runs is not None and starts:
+                runs.append((count - len(starts), read - start, starts, stops))
             read += pos - start
         return count, read
+
+    def count_from(self, index: int) -> int:
+        """Records published from ``index`` on (a record boundary between the read and the
+        write index): ``RingError`` if it is not one."""
+        write, read = self._indices()
+        if not read <= index <= write or index & 7:
+            raise RingError(f"index {index} is outside the records {read}..{write}")
+        return self._walk(index, write, UNBOUNDED, None)[0]
 
     def take_many(self, max_count: int) -> list[bytes]:
         """Copy out and consume up to ``max_count`` records (oldest first)."""
@@ -348,31 +395,52 @@ class ByteRing:
         return out
 
     def peek_many(self, max_count: int, max_bytes: int = UNBOUNDED) -> list[bytes]:
-        """Copy out up to ``max_count`` records without consuming them; ``consume`` next.
-        No record is added once those taken hold ``max_bytes`` (the first always comes)."""
+        """Copy out up to ``max_count`` records without consuming them; ``consume`` next
+        (all of them at once, or a few at a time). No record is added once those taken
+        hold ``max_bytes`` (the first always comes)."""
         write, read = self._indices()
         out: list[bytes] = []
-        count, new_read = self._walk(read, write, max_count, out, max_bytes)
-        self._peek_end = (read, count, new_read)
+        runs: list[Run] = []
+        count, new_read = self._walk(read, write, max_count, out, max_bytes, runs)
+        self._peek_read, self._peek_runs, self._peek_count, self._peek_taken = read, runs, count, 0
+        self._peek_whole = new_read == write
         return out
 
+    @property
+    def peeked_all(self) -> bool:
+        """The last ``peek_many`` returned every record published then (no bound cut it)."""
+        return self._peek_whole
+
     def consume(self, count: int) -> None:
-        """Drop the oldest ``count`` records (those a ``peek_many`` returned)."""
+        """Drop the oldest ``count`` records (the next ones a ``peek_many`` returned)."""
         if count <= 0:
             return
-        write, read = self._indices()
-        peeked = self._peek_end
-        if peeked is not None and peeked[0] == read and peeked[1] == count:
-            new_read = peeked[2]
+        taken = self._peek_taken + count
+        if self._words[_READ] == self._peek_read and taken <= self._peek_count:  # the peek's next ones
+            new_read = self._end_of(taken - 1)
+            self._peek_read, self._peek_taken = new_read, taken
         else:
+            write, read = self._indices()
             walked, new_read = self._walk(read, write, count, None)
             if walked < count:
                 raise ValueError(f"consume({count}) but only {walked} records are queued")
-        self._advance(new_read, count)
+            self._peek_read = -1
+        self._store_read(new_read, count)
+
+    def _end_of(self, record: int) -> int:
+        """The index after the peek's ``record``-th record (from its first)."""
+        for first, base, starts, stops in reversed(self._peek_runs):
+            if record >= first:
+                at, stop = starts[record - first], stops[record - first]
+                return base + stop + (-(stop - at) & 7)
+        raise ValueError(f"record {record} was not peeked")
 
     def _advance(self, new_read: int, count: int) -> None:
+        self._peek_read = -1
+        self._store_read(new_read, count)
+
+    def _store_read(self, new_read: int, count: int) -> None:
         words = self._words
-        self._peek_end = None
         words[_READ] = new_read
         words[_RSEQ] = words[_RSEQ] + count
 
@@ -433,7 +501,7 @@ class ByteRing:
                              f"in a {len(view)}-byte buffer")
         self._buf = view
         self._words = words = view[:HEADER_SIZE].cast("Q")
-        self._peek_end = None
+        self._peek_read = -1
         words[_CAP] = capacity
         words[_WRITE] = write
         words[_READ] = read
@@ -456,15 +524,15 @@ class ByteRing:
             words.release()
             view.release()
             raise
-        self._buf, self._words, self._peek_end = view, words, None
+        self._buf, self._words, self._peek_read = view, words, -1
         self._cap = cap
         self._max_frame = (cap // 2) & ~7
 
     def reset(self) -> None:
-        """Empty the ring (indices and counts to zero); only while nobody else uses it."""
+        """Empty the ring (indices, counts and note to zero); only while nobody else uses it."""
         words = self._words
-        self._peek_end = None
-        for word in (_WRITE, _WSEQ, _READ, _RSEQ):
+        self._peek_read = -1
+        for word in (_WRITE, _WSEQ, _READ, _RSEQ, _NOTE):
             words[word] = 0
 
     def close(self) -> None:

@@ -95,22 +95,48 @@ def _append(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def read_journal(path: str, log: logging.Logger) -> list[Deferred]:
-    """The whole records of the journal at ``path`` ([] when there is none); never raises."""
-    data = _read_bytes(path, log)
-    if data is None:
-        return []
+def journal_size(path: str) -> int:
+    """Bytes in the journal at ``path`` (0 when there is none). Raises ``OSError``."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def journal_records_after(path: str, offset: int) -> int:
+    """Whole records (appends and strike-offs) of the journal at ``path`` from byte ``offset``
+    on, a record boundary it had: after a crash, whether an append that began there got in.
+    Never raises (0 when there is nothing to read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return 0
+    return len(_entries(data)[0])
+
+
+def _entries(data: bytes) -> tuple[list[Deferred], int]:
+    """The whole journal records at the start of ``data``, and where the first torn or
+    corrupt one (or the end) is."""
     out: list[Deferred] = []
     pos = 0
-    while pos < len(data):
-        if pos + _ENTRY.size > len(data):
-            break
+    while pos + _ENTRY.size <= len(data):
         due, size, crc = _ENTRY.unpack_from(data, pos)
         message = data[pos + _ENTRY.size:pos + _ENTRY.size + size]
         if len(message) != size or zlib.crc32(message) != crc:
             break
         out.append((due, message))
         pos += _ENTRY.size + size
+    return out, pos
+
+
+def read_journal(path: str, log: logging.Logger) -> list[Deferred]:
+    """The whole records of the journal at ``path`` ([] when there is none); never raises."""
+    data = _read_bytes(path, log)
+    if data is None:
+        return []
+    out, pos = _entries(data)
     if pos < len(data):
         log.error("deferred messages journal %s: torn or corrupt record at %d ignored", path, pos)
     struck = {message for due, message in out if due == _STRUCK}

@@ -30,6 +30,12 @@ but this page survives a kill -9: the next process resumes reading where the dea
 really got to, so what it moved into the log is not read a second time. Two slots and a
 sequence number: a slot is written whole, then the sequence that selects it is stored, so a
 kill -9 at any instruction leaves one whole slot selected (zeros mean no mark).
+
+``ApplyMark``, at ``_APPLY_AT`` and made the same way, says how much of a cross-shard batch
+the queue holds (``shard/unit.py``): the batch (the producer shard, the time its first record
+was sent), how many of its first messages the queue held before an append, and while the
+append runs, the log's write index, the disk queue's write position and the journal's size
+before it. A restart counts what reached them past those (``MessageQueue.start_recovery``).
 """
 
 from __future__ import annotations
@@ -56,6 +62,12 @@ _MARK_AT = 3072  # in the name page, after the growth journal
 _MARK_SEQ = struct.Struct("Q")  # native: one aligned 8-byte store
 # committed file, offset; then file, offset past an append in progress, log write index + 1 before it (0: none)
 _MARK = struct.Struct("QQQQQ")
+_APPLY_AT = 3328  # in the name page, after the backend mark
+# producer shard + 1, first sent ns, messages held; log write index + 1 before an append in
+# progress (0: none), the disk queue's write file and offset before it, the journal's size + 1
+# before an append to it (0: none)
+_APPLY = struct.Struct("QQQQQQQ")
+_SLOTS = (_APPLY_AT + 8, _APPLY_AT + 8 + _APPLY.size)
 Position = tuple[int, int]
 
 
@@ -141,6 +153,38 @@ class BackendMark:
         if before and write_index >= before:  # the append was published: the log has them
             return after_file, after_pos
         return file_num, pos
+
+
+class ApplyMark:
+    """How much of a cross-shard batch a queue holds, in its segment (see the module doc)."""
+
+    __slots__ = ("_segment", "_seq")
+
+    def __init__(self, segment: Segment) -> None:
+        self._segment = segment  # its buffer is looked up at each use: the segment may be remapped (growth)
+        self._seq = _MARK_SEQ.unpack_from(segment.buf, _APPLY_AT)[0]  # this process is its only writer
+
+    def save(self, src: int, first: int, held: int, write_index: int = -1, backend: Position = (0, 0),
+             journal: int = -1) -> None:
+        """The queue holds the first ``held`` messages of batch (``src``, ``first``); with
+        ``write_index`` (the log's before it), ``backend`` (the disk queue's write position
+        before it) and ``journal`` (the journal's size before it, if it is appended to), it is
+        appending more of them."""
+        buf = self._segment.buf
+        self._seq = seq = self._seq + 1
+        _APPLY.pack_into(buf, _SLOTS[seq & 1], src + 1, first, held, write_index + 1, backend[0], backend[1],
+                         journal + 1)
+        _MARK_SEQ.pack_into(buf, _APPLY_AT, seq)
+
+    def load(self) -> tuple[int, int, int, int, Position, int] | None:
+        """(src, first, held, log write index before an append in progress or -1, disk queue
+        position before it, journal size before it or -1), or None when no mark was saved."""
+        buf = self._segment.buf
+        seq = _MARK_SEQ.unpack_from(buf, _APPLY_AT)[0]
+        if not seq:
+            return None
+        src, first, held, before, file_num, pos, journal = _APPLY.unpack_from(buf, _SLOTS[seq & 1])
+        return src - 1, first, held, before - 1, (file_num, pos), journal - 1
 
 
 def _write_name(buf: mmap.mmap, kind: str, name: str) -> None:
@@ -242,4 +286,5 @@ def claimed_names(data_path: str, queues: list[tuple[str, str]]) -> set[str]:
     return {segment_name(data_path, kind, name) for kind, name in queues}
 
 
-__all__ = ["BackendMark", "claimed_names", "leftovers", "log_capacity", "open_log", "read_name", "unlink_segment"]
+__all__ = ["ApplyMark", "BackendMark", "claimed_names", "leftovers", "log_capacity", "open_log", "read_name",
+           "unlink_segment"]

@@ -11,7 +11,7 @@ first takes everything queued, so a burst of keep-alive connections (a client's 
 ``HTTPAcceptor`` accepts here instead (an ``accept.Acceptor`` per listener, which also rides
 out a lack of descriptors) and sends each connection to the next ready shard, round robin, as
 an ``SCM_RIGHTS`` descriptor on its control channel (``ServeHTTP``; the shard's
-``EmbeddedServer.adopt`` serves it). Shards then differ by at most one connection. Each
+``HTTPServer.adopt`` serves it). Shards then differ by at most one connection. Each
 wake-up accepts what is queued and sends each shard its share in one message, so a connection
 costs the supervisor about one ``accept``; its requests never pass through the supervisor.
 While no shard takes connections, nothing is accepted: new connections wait in the kernel's

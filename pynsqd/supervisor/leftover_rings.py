@@ -91,7 +91,7 @@ def _rescue_ring(opts: NsqdOptions, name: str, segment: Segment, current: bool, 
         batches = []
         for data in records:
             try:
-                topic, messages, _, due = decode_batch(data)
+                topic, messages, _, due, _ = decode_batch(data)
             except (ValueError, struct.error) as exc:
                 log.error("inbound ring %s: dropping a corrupt record - %s", name, exc)
                 continue

@@ -559,3 +559,26 @@ class QueueModel(RuleBasedStateMachine):
 
 TestQueueModel = QueueModel.TestCase
 TestQueueModel.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_records_after_counts_what_an_append_got_onto_disk_before_a_crash(
+        open_queue: Opener, tmp_path: Path) -> None:
+    """The owner of a queue keeps ``write_position`` before an append; after a crash the
+    reopened queue says how many whole records of it reached the files: across a roll, with
+    stale metadata (writing moves to a fresh file) and a torn last record cut off."""
+    live = tmp_path / "live"
+    live.mkdir()
+    queue = open_queue(path=live, max_bytes_per_file=200)
+    queue.put_many([msg(i) for i in range(3)])
+    queue.sync()
+    before = queue.write_position
+    assert queue.records_after(before) == 0
+    queue.put_many([msg(i) for i in range(3, 13)])  # 20-byte records: rolls at 200 bytes
+    assert queue.write_position[0] > before[0] and queue.records_after(before) == 10
+    crashed = crash_copy(live, tmp_path / "crashed")
+    last = crashed / f"t.diskqueue.{queue.write_position[0]:06d}.dat"
+    with open(last, "ab") as f:
+        f.write(struct.pack(">i", 16) + b"torn")
+    recovered = open_queue(path=crashed, max_bytes_per_file=200)
+    assert recovered.records_after(before) == 10
+    assert recovered.records_after(recovered.write_position) == 0

@@ -77,3 +77,23 @@ def test_the_license_is_declared_and_shipped() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
     assert (ROOT / "LICENSE").read_text().startswith("MIT License\n")
+
+
+def test_dependencies_have_lower_bounds_only() -> None:
+    """No upper bound, exact pin or exclusion: the newest release of every dependency is the
+    one an install takes, and the one the tests run against."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *(r for reqs in project["optional-dependencies"].values() for r in reqs)]
+    for requirement in requirements:
+        spec = re.sub(r"^[A-Za-z0-9._-]+(\[[^]]*\])?", "", requirement.split(";")[0]).strip()
+        assert re.fullmatch(r"(>=[0-9][0-9.]*)?", spec), f"{requirement!r}: only a lower bound (>=) is allowed"
+
+
+def test_every_dependency_is_imported() -> None:
+    """A distribution the package no longer imports is no longer a dependency (the tools'
+    run-time needs, such as a build backend, are not dependencies)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    imported = {canonical(dist) for module in third_party_imports()
+                for dist in importlib.metadata.packages_distributions().get(module, [])}
+    unused = requirement_names(project["dependencies"]) - imported
+    assert not unused, f"declared but imported by nothing in {PACKAGES}: {sorted(unused)}"

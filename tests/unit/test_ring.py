@@ -116,6 +116,41 @@ def test_peek_then_consume_is_at_least_once() -> None:
     assert r.take_many(10) == [rec(10, 10)]
 
 
+def test_a_peek_is_consumed_a_few_records_at_a_time_also_across_a_wrap() -> None:
+    r = ring(512)
+    r.put_many([rec(i, 40) for i in range(6)])  # 48-byte frames
+    r.consume(5)
+    assert r.put_many([rec(i, 40) for i in range(6, 14)]) == 8  # wraps after record 9
+    assert r.peek_many(100) == [rec(i, 40) for i in range(5, 14)] and r.peeked_all
+    for taken in (1, 4, 2):  # the third stops right before the wrap marker
+        r.consume(taken)
+    assert len(r) == 2
+    assert r.take_many(100) == [rec(12, 40), rec(13, 40)] and not r.has_records()
+    r.put_many([rec(i, 40) for i in range(20, 25)])
+    assert r.peek_many(3) == [rec(20, 40), rec(21, 40), rec(22, 40)] and not r.peeked_all
+
+
+def test_the_consumers_note_is_kept_in_the_ring_until_a_reset() -> None:
+    buf = bytearray(buffer_size(512))
+    a = ByteRing(buf, init=True)
+    assert a.note == 0
+    a.note = 12345
+    a.put(b"x")
+    b = ByteRing(buf, init=False)
+    assert b.note == 12345 and b.take_many(1) == [b"x"] and b.note == 12345
+    b.reset()
+    assert a.note == 0
+
+
+def test_count_from_counts_records_from_a_boundary_and_refuses_anything_else() -> None:
+    r = ring(1024)
+    r.put_many([rec(i, 10) for i in range(4)])  # 24-byte frames
+    assert [r.count_from(at) for at in (0, 24, 96)] == [4, 3, 0]
+    for bad in (-8, 8 * 13, 4):
+        with pytest.raises(RingError):
+            r.count_from(bad)
+
+
 def test_peek_stops_adding_records_once_they_hold_max_bytes_also_across_a_wrap() -> None:
     r = ring(512)
     r.put_many([rec(i, 40) for i in range(6)])  # 48-byte frames

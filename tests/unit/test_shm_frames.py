@@ -18,7 +18,7 @@ from pynsqd.node.crossrecord import FRAMED_MIN, decode_batch, encode_batch
 from pynsqd.node.datapath import make_backend
 from pynsqd.node.rings import create_rings, release_rings, ring_name
 from pynsqd.shard.broker import Broker
-from pynsqd.shard.crossshard import DRAIN_BYTES, Inbound
+from pynsqd.shard.inbound import DRAIN_BYTES, Inbound
 from pynsqd.shard.node import queue_factory
 from pynsqd.shard.queue import DropBackend, MessageQueue, segment_queue
 from pynsqd.shm.frames import FRAME, WRAP, Frames, RingError, check_frames, frame_records
@@ -39,11 +39,17 @@ def messages(sizes: list[int], first: int = 0) -> list[bytes]:
 
 
 BATCH = messages(UNIFORM[:100] + MIXED, 10_000)
+_SENT = iter(range(time.monotonic_ns() - 10**9, 1 << 63))  # increasing, and before any drain's cutoff
+
+
+def encode(topic: str, batch: list[bytes], body_bytes: int, due: int, framed: bool | None = None) -> bytes:
+    """A ring record as a producer shard writes it."""
+    return encode_batch(topic, batch, body_bytes, due, sent_ns=next(_SENT), framed=framed)
 
 
 def framed(batch: list[bytes]) -> Frames:
     """``batch`` as the owner gets it from a cross-shard ring record."""
-    _, records, _, _ = decode_batch(encode_batch("t", batch, 0, 0, framed=True))
+    records = decode_batch(encode_batch("t", batch, 0, 0, sent_ns=1, framed=True)).messages
     assert isinstance(records, Frames)
     return records
 
@@ -99,10 +105,9 @@ def test_a_framed_run_is_appended_as_the_bytes_append_ready_writes(make: Make, s
 def test_small_batches_are_written_as_length_prefixed_records_large_ones_framed() -> None:
     """Framing has a fixed cost that a /pub or a small MPUB does not pay back."""
     few, many = messages(UNIFORM[:FRAMED_MIN - 1], 0), messages(UNIFORM[:FRAMED_MIN], 0)
-    assert encode_batch("t", few, 0, 0)[:1] == b"D" and encode_batch("t", many, 0, 0)[:1] == b"F"
+    assert encode("t", few, 0, 0)[9:10] == b"D" and encode("t", many, 0, 0)[9:10] == b"F"
     for batch in (few, many):
-        _, records, _, _ = decode_batch(encode_batch("t", batch, 0, 0))
-        assert list(records) == batch
+        assert list(decode_batch(encode("t", batch, 0, 0)).messages) == batch
 
 
 def test_a_framed_run_reaches_every_channel_with_the_stats_of_a_local_publish(tmp_path: Path) -> None:
@@ -231,14 +236,14 @@ def test_a_run_outside_the_fast_path_stores_exactly_what_the_messages_would(make
 
 
 def _record(batch: list[bytes]) -> bytes:
-    return encode_batch("t", batch, 7, 0, framed=True)
+    return encode("t", batch, 7, 0, framed=True)
 
 
 def _flip(data: bytes, at: int) -> bytes:
     return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1:]
 
 
-FRAMES_AT = 3 + 1 + 16  # kind, topic length, "t", due/body bytes/count
+FRAMES_AT = 9 + 3 + 1 + 16  # "T" and sent time, kind, topic length, "t", due/body bytes/count
 FRAME_BYTES = 8 + 16 + 226 + 6  # one uniform record
 
 
@@ -255,7 +260,8 @@ CORRUPT: dict[str, Callable[[bytes], bytes]] = {
     "a state header's pad": lambda d: _flip(d, FRAMES_AT + 199 * FRAME_BYTES + 12),
     "a wrap marker": lambda d: (d[:FRAMES_AT + 3 * FRAME_BYTES] + FRAME.pack(WRAP, 0)
                                 + d[FRAMES_AT + 3 * FRAME_BYTES + 8:]),
-    "the kind": lambda d: b"X" + d[1:],
+    "the head": lambda d: b"X" + d[1:],
+    "the kind": lambda d: d[:9] + b"X" + d[10:],
 }
 
 
@@ -338,9 +344,9 @@ def test_records_of_older_releases_still_decode() -> None:
     batch = messages([5, 300, 0])
     body = b"".join(struct.pack(">I", len(m)) + m for m in batch)
     head = struct.pack(">H", 5) + b"topic" + struct.pack(">QII", 123, 305, 3)
-    assert decode_batch(b"D" + head + body) == ("topic", batch, 305, 123)
+    assert decode_batch(b"D" + head + body) == ("topic", batch, 305, 123, 0)
     before = time.monotonic_ns()
-    topic, records, body_bytes, due = decode_batch(b"P" + head + body)
+    topic, records, body_bytes, due, _ = decode_batch(b"P" + head + body)
     assert (topic, records, body_bytes) == ("topic", batch, 305) and before + 123 <= due <= time.monotonic_ns() + 123
     with pytest.raises(ValueError):
         decode_batch(b"D" + head + body[:-1])
@@ -385,13 +391,13 @@ def test_the_owner_drops_a_corrupt_record_untouched_and_stores_the_others(owner:
     broker.get_channel(cross, "c")
     before = area(cross.channels["c"].queue)
     good, old = messages(UNIFORM), messages(MIXED, 5000)
-    bad = CORRUPT["a length"](encode_batch("t", good, 1, 0, framed=True))
+    bad = CORRUPT["a length"](encode("t", good, 1, 0, framed=True))
     assert ring.put(bad)
     assert inbound.drain() == 1 and len(ring) == 0
     assert area(cross.channels["c"].queue) == before and cross.message_count == 0
     old_record = (b"D" + struct.pack(">H", 1) + b"t" + struct.pack(">QII", 0, 2, len(old))
                   + b"".join(struct.pack(">I", len(m)) + m for m in old))
-    assert ring.put_many([encode_batch("t", good, 40_000, 0, framed=True), old_record]) == 2
+    assert ring.put_many([encode("t", good, 40_000, 0, framed=True), old_record]) == 2
     assert inbound.drain() == 2
     local.put_many(good, 40_000)
     local.put_many(old, 2)
@@ -408,7 +414,7 @@ def test_one_drain_turn_takes_records_up_to_drain_bytes_and_the_next_turn_the_re
     topic = broker.get_topic("big")
     broker.get_channel(topic, "c")
     m = messages([200] * 2000)
-    records = [encode_batch("big", m[i:i + 200], 200 * 200, 0) for i in range(0, 2000, 200)]  # ~45 KB each
+    records = [encode("big", m[i:i + 200], 200 * 200, 0) for i in range(0, 2000, 200)]  # ~45 KB each
     per_turn = next(n for n in range(1, 11) if sum(map(len, records[:n])) >= DRAIN_BYTES)
     assert per_turn < len(records)
     assert ring.put_many(records) == len(records)
@@ -433,17 +439,17 @@ def test_the_owner_stores_a_run_of_one_message_records_for_a_topic_with_one_call
     for name in ("t", "u"):
         real = topics[name].put_many
 
-        def counted(records: Any, body_bytes: int, name: str = name, real: Any = real) -> None:
+        def counted(records: Any, body_bytes: int, unit: Any = None, name: str = name, real: Any = real) -> None:
             calls.append((name, len(records)))
-            real(records, body_bytes)
+            real(records, body_bytes, unit)
         topics[name].put_many = counted  # type: ignore[method-assign]
     m = messages([30 + i for i in range(8)])
     due = time.monotonic_ns() + 60 * 10**9
-    records = [encode_batch("t", [m[0]], 30, 0), encode_batch("t", [m[1]], 31, 0),
-               encode_batch("t", [m[2]], 32, 0), encode_batch("u", [m[3]], 33, 0),
-               encode_batch("t", [m[4]], 34, 0), encode_batch("t", [m[5]], 35, due),
+    records = [encode("t", [m[0]], 30, 0), encode("t", [m[1]], 31, 0),
+               encode("t", [m[2]], 32, 0), encode("u", [m[3]], 33, 0),
+               encode("t", [m[4]], 34, 0), encode("t", [m[5]], 35, due),
                b"D\x00\x01t" + b"\x00" * 7,  # corrupt: logged and dropped
-               encode_batch("t", [m[6]], 36, 0), encode_batch("t", [m[7]], 37, 0)]
+               encode("t", [m[6]], 36, 0), encode("t", [m[7]], 37, 0)]
     assert ring.put_many(records) == len(records)
     assert inbound.drain() == len(records) and len(ring) == 0
     assert calls == [("t", 3), ("u", 1), ("t", 1), ("t", 2)]

@@ -14,6 +14,7 @@ from pynsqd.node.messages import ConnectionState, Done, Ready, StatsRequest
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.queue import DropBackend, MessageQueue
 from pynsqd.shard.transfer import MovedClient, Part
+from pynsqd.shard.unit import Unit
 from pynsqd.shm.log import IN_FLIGHT, MessageLog
 from pynsqd.shm.ring import buffer_size
 from pynsqd.wire.message import HEADER
@@ -77,6 +78,20 @@ def test_a_record_no_longer_as_it_was_is_not_put_back_in_flight() -> None:
     new.consumers.append(a2)
     new.pump(0)
     assert a2.received_ids() == {ids[0]}  # the requeued one, and only it
+
+
+def test_what_a_queue_holds_of_a_cross_shard_batch_is_handed_over_too() -> None:
+    """A batch that one queue of its topic took and another refused stays in the ring; the
+    replacement stores it again (``shard/unit.py``): the queue that took it must know."""
+    buf = bytearray(buffer_size(1 << 20))
+    old = MessageQueue(MessageLog(buf, init=True), 10_000, DropBackend())
+    batch = [HEADER.pack(i, 0, b"%016d" % i) + b"body" for i in range(3)]
+    unit = Unit(0, 12345)
+    old.put_many(batch, unit)
+    new = MessageQueue(MessageLog(buf, init=False), 10_000, DropBackend(), recovering=True)
+    new.adopt(old.export())
+    new.put_many(batch, unit)
+    assert new.ready == 3 and new.tally.skip(unit, 3) == 3
 
 
 def test_a_handover_part_round_trips_with_binary_output_and_unread_bytes() -> None:
