@@ -30,11 +30,9 @@ import uvloop
 
 from pynsqd.httpconn import Connections
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.datapath import make_backend
-from pynsqd.shard.broker import Broker
 from pynsqd.shard.http import NsqdHTTP
 from pynsqd.shard.httppub import PublishConnection
-from pynsqd.shard.node import queue_factory
+from pynsqd.shard.node import make_broker
 from pynsqd.shm.segment import list_segments, unlink_segment
 
 
@@ -63,7 +61,7 @@ class CountingTransport:
 async def serve(args: argparse.Namespace, data: str) -> float:
     """CPU seconds for ``args.requests`` requests."""
     opts = NsqdOptions(data_path=data, mem_queue_size=args.requests + 1)
-    broker = Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+    broker = make_broker(opts)
     try:
         app = NsqdHTTP(broker, opts, {}, lambda: None, lambda _: None)
         connections = Connections()

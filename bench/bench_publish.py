@@ -35,11 +35,10 @@ from collections.abc import Callable
 
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.crossrecord import encode_batch
-from pynsqd.node.datapath import make_backend
 from pynsqd.node.rings import create_rings, release_rings, ring_name
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.inbound import Inbound
-from pynsqd.shard.node import queue_factory
+from pynsqd.shard.node import make_broker
 from pynsqd.shm.ring import ByteRing
 from pynsqd.shm.segment import Segment, list_segments, unlink_segment
 from pynsqd.wire.commands import CommandParser
@@ -54,8 +53,8 @@ except ImportError:  # a tree without the kernels module
 class _Owner:
     """The router of shard 0 of a multi-shard node that owns every topic (``--shards``)."""
 
-    def __init__(self, inbound: Inbound) -> None:
-        self.inbound = inbound
+    def __init__(self) -> None:
+        self.inbound: Inbound | None = None  # built on the broker, after it
 
     def owner(self, topic: str) -> int:
         return 0
@@ -64,7 +63,8 @@ class _Owner:
         raise AssertionError("shard 0 owns every topic here")
 
     def catch_up(self) -> None:
-        self.inbound.catch_up()
+        if self.inbound is not None:
+            self.inbound.catch_up()
 
     def relay(self, client: object, owner: int, unread: bytes) -> None:
         raise AssertionError("no connections here")
@@ -72,10 +72,11 @@ class _Owner:
 
 def _broker(data: str, shards: int, wake: int) -> Broker:
     opts = NsqdOptions(data_path=data, mem_queue_size=1_000_000)
-    broker = Broker(opts, lambda name, _: make_backend(opts, name), shard=0, shards=shards,
-                    queue_factory=queue_factory(opts))
-    if shards > 1:
-        broker.router = _Owner(Inbound(data, 0, shards, wake, broker))
+    if shards == 1:
+        return make_broker(opts)
+    owner = _Owner()
+    broker = make_broker(opts, shards=shards, router=owner)
+    owner.inbound = Inbound(data, 0, shards, wake, broker)
     return broker
 
 

@@ -37,9 +37,8 @@ from typing import Any
 import uvloop
 
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.datapath import make_backend
 from pynsqd.shard.broker import Broker
-from pynsqd.shard.node import queue_factory
+from pynsqd.shard.node import make_broker
 from pynsqd.shard.protocol import ClientV2
 from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.commands import encode_mpub, encode_pub
@@ -142,7 +141,7 @@ PHASES: dict[str, Callable[[Broker, NsqdOptions, argparse.Namespace], Coroutine[
 
 async def serve(phase: str, args: argparse.Namespace, data: str) -> float:
     opts = NsqdOptions(data_path=data, mem_queue_size=args.count + BATCH)
-    broker = Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+    broker = make_broker(opts)
     broker.start(asyncio.get_running_loop())
     try:
         broker.get_channel(broker.get_topic(TOPIC), "ch")

@@ -27,6 +27,7 @@ import uvloop
 
 from pynsqd import logs
 from pynsqd.options import run_cli, version_string
+from pynsqd.signals import signals_to
 
 O = TypeVar("O")  # noqa: E741
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -81,17 +82,11 @@ class StopRequest:
     @contextlib.contextmanager
     def armed(self) -> Iterator[None]:
         """On the running loop: route SIGTERM and SIGINT to ``exit()`` until the block ends."""
-        loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
         if self._requested:
             self._event.set()
-        for sig in SIGNALS:
-            loop.add_signal_handler(sig, self.exit)
-        try:
+        with signals_to(lambda _: self.exit(), SIGNALS):
             yield
-        finally:
-            for sig in SIGNALS:
-                loop.remove_signal_handler(sig)
 
     async def wait(self) -> None:
         """Return once a stop was asked for (inside ``armed()``)."""

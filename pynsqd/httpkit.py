@@ -8,7 +8,7 @@ JSON, responses and routing (how requests are read and bounded: ``httpparse.py``
 - ``go_json``: JSON as Go's ``encoding/json`` writes it; ``json_response``,
   ``api_response`` (strings as text, as nsqd writes them) and ``error_response``: NSQ's
   ``internal/http_api`` V1 answers (``X-NSQ-Content-Type: nsq; version=1.0``).
-- ``Router``: httprouter's matching as NSQ configures it, for a table of
+- ``RouteTable``: httprouter's matching as NSQ configures it, for a table of
   ``(method, "/path/:param", handler)``; see its docstring.
 """
 
@@ -110,7 +110,7 @@ H = TypeVar("H")
 
 @dataclasses.dataclass(frozen=True)
 class Match(Generic[H]):
-    """``Router.match``'s answer: a ``handler`` with its path ``params``; else ``allowed``
+    """``RouteTable.match``'s answer: a ``handler`` with its path ``params``; else ``allowed``
     (the methods of a route at this path: non-empty means 405) and ``redirect`` (the path
     httprouter would redirect to, or ``None``)."""
 
@@ -120,7 +120,7 @@ class Match(Generic[H]):
     redirect: str | None = None
 
 
-class Router(Generic[H]):
+class RouteTable(Generic[H]):
     """julienschmidt/httprouter as NSQ's daemons configure it, over ``(method, path,
     handler)`` rows; a ``:name`` segment matches one non-empty segment, given in ``params``.
 

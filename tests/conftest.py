@@ -1,9 +1,10 @@
 """Shared fixtures: real daemons on free ports, torn down by pid; asyncio on uvloop.
 
 Tiers (``scripts/test``): ``tests/unit`` holds tests that start no daemon (run with
-pytest-xdist); the modules here start real daemons. Those in ``INTEGRATION_MODULES``, and every
-test marked ``spark``, ``containers`` or ``clients``, are marked ``slow``: the integration tier.
-The rest, with ``tests/unit``, is the fast tier, run on every change (``scripts/test fast``).
+pytest-xdist); the modules here start real daemons, and each declares its tier
+(``tests/support/tiers.py``, whose collection hook this conftest uses): ``slow`` is the
+integration tier; the rest, with ``tests/unit``, is the fast tier, run on every change
+(``scripts/test fast``).
 """
 
 from __future__ import annotations
@@ -25,30 +26,11 @@ from tests.support.containers import (  # noqa: F401  (session fixtures: a Docke
     prometheus_image,
     spark_image,
 )
+from tests.support.foreign import clients  # noqa: F401  (the fixture: test_http, test_auth, the client tests)
 from tests.support.harness import Daemon, remove_segments
-from tests.test_foreign_clients import clients  # noqa: F401  (the fixture, shared with test_http)
+from tests.support.tiers import pytest_collection_modifyitems  # noqa: F401  (the tier of every test module)
 
 T = TypeVar("T")
-
-# modules that restart nodes, kill processes, run clusters or foreign clients: minutes, not seconds
-INTEGRATION_MODULES = frozenset({
-    "test_admin_api", "test_admin_browser", "test_client_batch", "test_client_discovery",
-    "test_client_features", "test_client_interop", "test_crash", "test_crash_serving", "test_deploy_docker",
-    "test_deploy_kubernetes", "test_deploy_prometheus", "test_deploy_systemd", "test_discovery",
-    "test_durability_gaps", "test_exact_recovery", "test_first_run", "test_foreign_clients",
-    "test_foreign_clients_features",
-    "test_log_sizing",
-    "test_observability", "test_persistence", "test_publish_order", "test_spark", "test_supervisor", "test_tools",
-    "test_chaos", "test_disk_faults", "test_accept_recovery",
-    "test_write_errors", "test_reload", "test_reload_load",
-})
-SLOW_MARKERS = ("spark", "containers", "clients")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.stem in INTEGRATION_MODULES or any(item.get_closest_marker(m) for m in SLOW_MARKERS):
-            item.add_marker(pytest.mark.slow)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -93,8 +75,8 @@ def nsqd_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 
 @pytest.fixture
 def nsqd(nsqd_factory: Callable[..., Daemon]) -> Daemon:
-    """One nsqd node with default options."""
-    return nsqd_factory()
+    """One nsqd node with default options and two shards, whatever the host's CPU count."""
+    return nsqd_factory("--shards=2")
 
 
 @pytest.fixture(scope="session")

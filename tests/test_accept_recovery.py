@@ -17,6 +17,8 @@ from pynsqd.wire.commands import encode_pub
 from tests.support.harness import Daemon, connect, remove_segments, scaled, wait_for
 from tests.support.rawclient import RawClient
 
+pytestmark = pytest.mark.slow
+
 NOFILE = 64
 FLOOD = 120
 

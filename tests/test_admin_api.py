@@ -18,6 +18,8 @@ from tests.support.admin_helpers import Cluster, Graphite, Notifications, addr, 
 from tests.support.harness import Daemon, wait_for
 from tests.support.rawclient import RawClient
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def notes() -> Iterator[Notifications]:

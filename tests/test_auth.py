@@ -16,9 +16,11 @@ from pynsqd.shard.auth import AuthError, AuthState
 from pynsqd.wire.commands import encode_auth, encode_dpub, encode_identify, encode_mpub, encode_pub, encode_sub
 from tests.support.authserver import AuthServer, grant
 from tests.support.certs import Certs
+from tests.support.foreign import ClientProc, consume, publish
 from tests.support.harness import Daemon, wait_for
 from tests.support.rawclient import RawClient
-from tests.test_foreign_clients import ClientProc, consume, publish
+
+pytestmark = pytest.mark.fast
 
 PUB_T = ("^t$", [".*"], ["publish"])
 SUB_T = ("^t$", ["^ch$"], ["subscribe"])

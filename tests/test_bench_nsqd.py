@@ -20,6 +20,8 @@ import pytest
 
 from tests.support.harness import Daemon, scaled, wait_for
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = {
     "pub": ("msgs_s", "cpu_us_msg", "peak_rss_mb", "p50_ms", "p99_ms", "p99.9_ms"),

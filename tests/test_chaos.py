@@ -19,7 +19,8 @@ import pytest
 from bench.chaos.faults import KINDS
 from bench.chaos.soak import SoakConfig, run, summary
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs for the data path: needs root")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs for the data path: needs root")]
 
 SEED = 20261126
 

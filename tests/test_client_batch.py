@@ -15,6 +15,8 @@ from tests.conftest import run_async
 from tests.support.harness import Daemon
 from tests.test_client_library import channel_stats, tcp, until
 
+pytestmark = pytest.mark.slow
+
 
 def message_frame(i: int, body: bytes | None = None) -> bytes:
     body = b"body-%d" % i if body is None else body

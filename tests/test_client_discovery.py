@@ -6,12 +6,15 @@ import asyncio
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from pynsqd.client import Consumer, Producer
 from tests.conftest import run_async
 from tests.support.harness import Daemon, scaled
 from tests.test_client_library import tcp, until
 from tests.test_discovery import lookup, lookupd_factory, node_address, registered_nsqd  # noqa: F401
+
+pytestmark = pytest.mark.slow
 
 
 def test_consumer_follows_lookupd_as_nodes_come_and_go(lookupd_factory: Callable[..., Daemon],  # noqa: F811

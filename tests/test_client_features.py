@@ -30,6 +30,8 @@ from tests.test_client_library import tcp, until
 from tests.test_features_wire import client_stats
 from tests.test_tools import procs, start  # noqa: F401  (procs: the fixture)
 
+pytestmark = pytest.mark.slow
+
 N = 300
 FEATURES: dict[str, dict[str, Any]] = {
     "snappy": {"snappy": True}, "deflate": {"deflate": True, "deflate_level": 9}, "tls": {"tls_v1": True},

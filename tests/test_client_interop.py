@@ -7,11 +7,11 @@ import pytest
 
 from pynsqd.client import Consumer, Producer
 from tests.conftest import run_async
+from tests.support.foreign import KINDS, ClientProc, client_count, consume, publish
 from tests.support.harness import Daemon, wait_for
 from tests.test_client_library import tcp, until
-from tests.test_foreign_clients import KINDS, ClientProc, _client_count, consume, publish
 
-pytestmark = pytest.mark.clients
+pytestmark = [pytest.mark.slow, pytest.mark.clients]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -35,7 +35,7 @@ def test_they_publish_we_consume(nsqd: Daemon, clients: list[ClientProc], kind: 
 @pytest.mark.parametrize("kind", KINDS)
 def test_we_publish_they_consume_next_to_our_consumer(nsqd: Daemon, clients: list[ClientProc], kind: str) -> None:
     theirs = consume(clients, kind, nsqd, "from-us", "theirs", 400, "--max-in-flight", "20")
-    wait_for(lambda: _client_count(nsqd, "from-us", "theirs") == 1, timeout=15, what="their subscription")
+    wait_for(lambda: client_count(nsqd, "from-us", "theirs") == 1, timeout=15, what="their subscription")
     ours: list[bytes] = []
 
     async def main() -> None:

@@ -28,6 +28,8 @@ from tests.conftest import run_async
 from tests.support.fake_nsqd import FakeNsqd
 from tests.support.harness import Daemon, scaled
 
+pytestmark = pytest.mark.fast
+
 T = scaled(10)
 
 

@@ -22,6 +22,8 @@ from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFER_MS = 15000  # outlasts a SIGTERM (up to 5 s waiting for FINs) and a restart of the whole tree
 

@@ -24,9 +24,13 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from pynsqd.wire.commands import encode_mpub, encode_pub, encode_rdy, encode_sub
 from tests.support.cputime import Snapshot, spent_since, tree_cpu
 from tests.support.harness import Daemon, connect, scaled, wait_for
+
+pytestmark = pytest.mark.slow
 
 SIZE = 200
 BATCH = 25_000  # messages per MPUB: 5.1 MB, under the default --max-body-size

@@ -19,9 +19,12 @@ from pynsqd.admin.config import AdminOptions
 from pynsqd.admin.config import parse_args as admin_args
 from pynsqd.lookupd.config import LookupdOptions
 from pynsqd.lookupd.config import parse_args as lookupd_args
-from pynsqd.node.config import LOG_LEVELS, NsqdOptions
+from pynsqd.node.config import NsqdOptions
 from pynsqd.node.config import parse_args as nsqd_args
+from pynsqd.shared_flags import LOG_LEVELS
 from tests.support.harness import Daemon, remove_segments
+
+pytestmark = pytest.mark.fast
 
 CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "config"
 

@@ -19,7 +19,7 @@ from tests.support.harness import scaled, wait_for
 
 MESSAGES = 300  # published over the three nodes, read by the Spark pipeline
 
-pytestmark = [pytest.mark.containers, pytest.mark.timeout(1200)]  # image builds and a JVM cluster
+pytestmark = [pytest.mark.slow, pytest.mark.containers, pytest.mark.timeout(1200)]  # image builds and a JVM cluster
 
 
 @pytest.fixture(scope="module")

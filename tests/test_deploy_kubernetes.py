@@ -28,7 +28,7 @@ JS = ROOT / "tests" / "support" / "js"
 MIB = 1 << 20
 INBOUND_RING = 16 * MIB  # one per ordered pair of shards (docs/architecture.md, Cross-shard publish)
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")]
 
 
 def render(path: Path) -> list[dict[str, Any]]:

@@ -30,9 +30,9 @@ PROMETHEUS = ROOT / "deploy" / "prometheus"
 RULES = PROMETHEUS / "rules" / "pynsqd.rules.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "pynsqd-dashboard.json"
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     shutil.which("promtool") is None or shutil.which("prometheus") is None,
-    reason="Prometheus is not installed (Debian package prometheus; scripts/setup installs it as root)")
+    reason="Prometheus is not installed (Debian package prometheus; scripts/setup installs it as root)")]
 
 
 def promtool(*args: str, cwd: Path = PROMETHEUS) -> subprocess.CompletedProcess[str]:

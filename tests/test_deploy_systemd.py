@@ -36,6 +36,8 @@ from tests.support.containers import BASE_IMAGE, PREFIX, Engine
 from tests.support.harness import Daemon, remove_segments, scaled, wait_for
 from tests.support.rawclient import RawClient
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "deploy" / "systemd"
 UNIT_NAMES = ["nsqd-supervisor.service", "nsqlookupd.service", "nsqadmin.service"]

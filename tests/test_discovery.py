@@ -10,8 +10,10 @@ import httpx
 import pytest
 
 from pynsqd.shm.segment import list_segments
+from tests.support.foreign import ClientProc, publish, run
 from tests.support.harness import Daemon, scaled, wait_for
-from tests.test_foreign_clients import ClientProc, publish, run
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

@@ -23,6 +23,8 @@ from pynsqd.wire.frames import FRAME_RESPONSE
 from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Callable[[str], Path]]:

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.datapath import make_backend
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.channel import Channel
-from pynsqd.shard.node import queue_factory
-from pynsqd.shard.queue import MessageQueue, segment_queue
+from pynsqd.shard.node import make_broker
+from pynsqd.shard.queue import segment_queue
+from pynsqd.shard.refill import Refill
 from pynsqd.shm import sidecar
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.shm.log import DEFERRED, MessageLog
@@ -28,7 +28,10 @@ from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.commands import encode_dpub, encode_fin
 from pynsqd.wire.message import HEADER
 from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.queues import recover
 from tests.support.rawclient import RawClient
+
+pytestmark = pytest.mark.slow
 
 log = logging.getLogger("test.gaps")
 
@@ -64,19 +67,19 @@ def test_deferred_messages_without_room_survive_a_crash(data_path: str) -> None:
         sent[record[26:]] = due
         if pos is None:
             held.append(record)
-    assert len(held) > 50 and q.journaled == len(held)  # the log filled up
-    assert Path(q.journal or "").exists()
+    assert len(held) > 50 and q.files.journaled == len(held)  # the log filled up
+    assert Path(q.files.journal).exists()
     _crash(q)
 
     again = segment_queue(data_path, 1000, 4096, "channel", "t:c", disk_queue(data_path, "t:c"))
     assert again.recovering
-    deferred = again.recover()
+    deferred = recover(again)
     assert {m[26:]: due for _, due, m in deferred} == sent  # every one, with its due time
     unplaced = [m for pos, _, m in deferred if pos < 0]
-    assert unplaced and again.journaled == len(unplaced)
-    assert sorted(m for _, m in sidecar.read_journal(again.journal or "", log)) == sorted(unplaced)
+    assert unplaced and again.files.journaled == len(unplaced)
+    assert sorted(m for _, m in sidecar.read_journal(again.files.journal, log)) == sorted(unplaced)
     again.unjournal(unplaced)  # the owner stored them elsewhere
-    assert not Path(again.journal or "").exists()
+    assert not Path(again.files.journal).exists()
     again.close(delete=True)
 
 
@@ -92,10 +95,10 @@ def test_journaled_messages_stored_elsewhere_are_not_loaded_again_after_a_crash(
     assert len(held) > 20
     q.put_many(held[:10])  # what the channel does with them once due
     q.unjournal(held[:10])
-    assert q.backend_depth == 10 and Path(q.journal or "").exists()
+    assert q.backend_depth == 10 and Path(q.files.journal).exists()
     _crash(q)
     again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
-    bodies = [m[26:] for _, _, m in again.recover()]  # the log's and the journal's
+    bodies = [m[26:] for _, _, m in recover(again)]  # the log's and the journal's
     bodies += [m[26:] for m in again.backend.peek_many(100)]  # and the disk queue's
     assert sorted(bodies) == [b"dpub %03d" % i for i in range(200)]
     again.close(delete=True)
@@ -106,17 +109,17 @@ def test_journal_goes_once_drained_and_a_torn_tail_loses_only_that_append(data_p
     while q.append(message(b"fill"), DEFERRED, 1) is not None:
         pass
     q.append(message(b"second"), DEFERRED, 2)
-    assert q.journaled == 2
+    assert q.files.journaled == 2
     q.unjournal([message(b"fill")])
-    assert Path(q.journal or "").exists()
-    with open(q.journal or "", "ab") as out:  # an append torn by the crash
+    assert Path(q.files.journal).exists()
+    with open(q.files.journal, "ab") as out:  # an append torn by the crash
         out.write(b"\0" * 11)
     _crash(q)
     again = segment_queue(data_path, 1000, 4096, "topic", "t", disk_queue(data_path, "t"))
-    bodies = sorted(m[26:] for _, _, m in again.recover())
+    bodies = sorted(m[26:] for _, _, m in recover(again))
     assert bodies.count(b"second") == 1 and b"fill" in bodies
     # the journal was rewritten without the torn bytes, so later appends are readable
-    assert all(len(m) > 26 for _, m in sidecar.read_journal(again.journal or "", log))
+    assert all(len(m) > 26 for _, m in sidecar.read_journal(again.files.journal, log))
     again.close(delete=True)
 
 
@@ -129,9 +132,34 @@ def test_clean_close_writes_held_messages_to_the_sidecar_and_drops_the_journal(d
             held.append((5 + i, record))
     assert held
     q.close(deferred=held)
-    assert not Path(q.journal or "").exists() and not list_segments(data_path)
+    assert not Path(q.files.journal).exists() and not list_segments(data_path)
     again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
-    assert len(again.recover()) == 100
+    assert len(recover(again)) == 100
+    again.close(delete=True)
+
+
+def test_a_close_whose_disk_fails_keeps_the_segment_and_says_why(data_path: str, caplog: pytest.LogCaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fails as a durable queue moves its messages there on exit, and again as the
+    queue closes its files: both failures are logged, and the segment keeps every message
+    for the next process."""
+    dq = disk_queue(data_path, "t:c")
+    q = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", dq)
+    q.put_many([message(b"m%03d" % i) for i in range(10)])
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(dq, "put_many", full)
+        patch.setattr(dq, "close", full)
+        with caplog.at_level(logging.ERROR, logger="pynsqd.shard"):
+            q.close()
+    assert "failed to move" in caplog.text and "failed to close" in caplog.text, caplog.text
+    dq.close()
+    again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
+    recover(again)
+    assert len(again) == 10
     again.close(delete=True)
 
 
@@ -175,7 +203,7 @@ def test_refill_commits_only_after_the_copy_into_the_log(data_path: str) -> None
     # the ten moved into the log are there, and the disk queue gives the rest: none lost
     again_dq = disk_queue(data_path, "t:c")
     again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", again_dq)
-    again.recover()
+    recover(again)
     got = []
     while len(again):
         got += [r[26:] for r in again.take(50)[1]]
@@ -187,7 +215,7 @@ class _Killed(BaseException):
     """kill -9 at a chosen instruction: nothing after it runs."""
 
 
-@pytest.mark.parametrize("killed_in", [None, (MessageQueue, "_commit"), (MessageLog, "append_ready")],
+@pytest.mark.parametrize("killed_in", [None, (Refill, "commit"), (MessageLog, "append_ready")],
                          ids=["after", "before-commit", "before-append"])
 def test_a_refill_is_read_exactly_once_after_a_crash_at_any_point(
         data_path: str, killed_in: tuple[type, str] | None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,7 +237,7 @@ def test_a_refill_is_read_exactly_once_after_a_crash_at_any_point(
         monkeypatch.undo()
     _crash(q)
     again = segment_queue(data_path, 1000, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
-    again.recover()
+    recover(again)
     got = []
     while len(again):
         got += [r[26:] for r in again.take(50)[1]]
@@ -226,7 +254,7 @@ def test_a_topic_killed_while_handing_messages_on_gives_no_channel_one_twice(
     opts = NsqdOptions(data_path=data_path, mem_queue_size=1000)
 
     def broker() -> Broker:
-        return Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+        return make_broker(opts)
 
     first = broker()
     topic = first.get_topic("t")

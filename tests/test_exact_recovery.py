@@ -26,6 +26,8 @@ from pynsqd.wire.message import decode_message
 from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 
+pytestmark = pytest.mark.slow
+
 TOPIC, CHANNEL = "exact", "ch"
 PUBLISHED = 2000
 MEM_QUEUE = 500  # the rest spills to the disk queue

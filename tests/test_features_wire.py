@@ -20,6 +20,8 @@ from tests.support.certs import Certs
 from tests.support.harness import Daemon
 from tests.support.rawclient import RawClient
 
+pytestmark = pytest.mark.fast
+
 
 def client_stats(nsqd: Daemon) -> list[dict[str, Any]]:
     data = httpx.get(f"{nsqd.http_url}/stats", params={"format": "json"}, timeout=5).json()

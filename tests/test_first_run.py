@@ -22,6 +22,8 @@ import pytest
 from tests.support.admin_helpers import free_port
 from tests.support.harness import scaled, wait_for
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -12,10 +12,10 @@ from collections.abc import Callable
 import pytest
 
 from tests.support.certs import Certs
+from tests.support.foreign import ClientProc, channel_stats, consume, publish
 from tests.support.harness import Daemon, wait_for
-from tests.test_foreign_clients import ClientProc, channel_stats, consume, publish
 
-pytestmark = pytest.mark.clients
+pytestmark = [pytest.mark.slow, pytest.mark.clients]
 
 NSQD_VARIANTS = [pytest.param([], id="1shard")]
 

@@ -14,9 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pynsqd.shard.stats import format_text, rfc3339
 from pynsqd.wire.commands import encode_fin, encode_pub, encode_req, encode_touch
+from tests.support.foreign import ClientProc, consume
 from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
-from tests.test_foreign_clients import ClientProc, consume
+
+pytestmark = pytest.mark.fast
 
 # The key lists of nsqd v1.3's /stats JSON (nsqd/stats.go), in order.
 TOP_KEYS = ["version", "health", "start_time", "topics", "memory", "producers"]
@@ -70,6 +72,10 @@ def test_ping_and_info(nsqd: Daemon, http: httpx.Client) -> None:
 def test_unknown_path_and_wrong_method(http: httpx.Client) -> None:
     expect(http.get("/nope"), 404, "NOT_FOUND")
     expect(http.post("/stats"), 405, "METHOD_NOT_ALLOWED")
+    expect(http.delete("/metrics"), 405, "METHOD_NOT_ALLOWED")
+    assert http.head("/stats").status_code == 200
+    moved = http.get("/stats/")
+    assert moved.status_code == 307 and moved.headers["location"].endswith("/stats"), moved.headers
     expect(http.get("/pub?topic=t"), 405, "METHOD_NOT_ALLOWED")
 
 

@@ -15,6 +15,8 @@ import pytest
 from pynsqd.httpparse import GO_BAD_REQUEST
 from tests.support.harness import Daemon, scaled, wait_for
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def conn(nsqd: Daemon) -> Iterator[socket.socket]:

@@ -32,6 +32,8 @@ from tests.support.certs import Certs
 from tests.support.harness import Daemon, remove_segments, scaled, wait_for
 from tests.support.lookupd_helpers import BASE_ARGS
 
+pytestmark = pytest.mark.fast
+
 DAEMONS = ("nsqd", "nsqlookupd", "nsqadmin")
 
 

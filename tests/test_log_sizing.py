@@ -20,8 +20,11 @@ from pynsqd.shm.sizing import Grower, Host, HostRoom, LogSizing, plan
 from pynsqd.wire.commands import encode_mpub
 from pynsqd.wire.message import HEADER
 from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.queues import recover
 from tests.support.rawclient import RawClient
 from tests.test_durability_gaps import disk_queue
+
+pytestmark = pytest.mark.slow
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -178,7 +181,7 @@ def test_a_kill_during_a_growth_loses_nothing(data_path: str, crash_at: str) -> 
     del q, log_, segment  # kill -9: nothing closed
     again = segment_queue(data_path, 100_000, 64 * 1024, "channel", "t:c", disk_queue(data_path, "t:c"))
     assert again.recovering
-    again.recover()
+    recover(again)
     assert again.log.capacity == (64 * 1024 if crash_at == "journaled" else new)
     assert drain(again, 200) == sent[20:]
     assert bytes(again.segment.buf[store._GROWTH_AT:store._GROWTH_AT + 8]) == bytes(8)  # type: ignore[union-attr]

@@ -14,6 +14,8 @@ from pynsqd.wire.lookup import IdentifyInfo, encode_register
 from tests.support.harness import Daemon
 from tests.support.lookupd_helpers import Producer, http, lookupd
 
+pytestmark = pytest.mark.fast
+
 NSQ_HEADER = "nsq; version=1.0"
 JSON = "application/json; charset=utf-8"
 

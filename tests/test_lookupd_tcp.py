@@ -20,6 +20,8 @@ from pynsqd.wire.lookup import PING, IdentifyInfo, encode_identify, encode_regis
 from tests.support.harness import Daemon, wait_for
 from tests.support.lookupd_helpers import PRODUCER, Producer, http, lookupd, ms, shut_write, stop
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope="module")
 def shared() -> Iterator[Daemon]:

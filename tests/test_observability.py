@@ -18,6 +18,8 @@ from tests.support.certs import Certs
 from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def udp() -> Iterator[socket.socket]:

@@ -18,6 +18,8 @@ from tests.support.harness import Daemon, scaled, wait_for, without_file_permiss
 from tests.support.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 
+pytestmark = pytest.mark.slow
+
 
 def test_backlog_beyond_mem_queue_size_spills_to_disk(nsqd_factory: Callable[..., Daemon],
                                                       tmp_path: Path) -> None:

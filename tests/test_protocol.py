@@ -29,6 +29,15 @@ from pynsqd.wire.commands import (
 from tests.support.harness import Daemon, connect, wait_for
 from tests.support.rawclient import RawClient
 
+pytestmark = pytest.mark.fast
+
+
+@pytest.fixture(params=[1, 2], ids=lambda n: f"shards-{n}")
+def nsqd(request: pytest.FixtureRequest, nsqd_factory: Callable[..., Daemon]) -> Daemon:
+    """Every protocol test that takes the default node runs on one shard and on two (a
+    topic's owner and the relay from the other shard)."""
+    return nsqd_factory(f"--shards={request.param}")
+
 
 def stats(nsqd: Daemon, **params: str) -> dict[str, Any]:
     query = {"format": "json", **params}

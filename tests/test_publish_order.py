@@ -17,12 +17,16 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import encode_fin, encode_identify, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE, FrameParser
 from pynsqd.wire.message import decode_message
 from tests.conftest import run_async
 from tests.support.harness import Daemon, scaled
+
+pytestmark = pytest.mark.slow
 
 ROUNDS = 500
 NodeFactory = Callable[..., Daemon]  # conftest's ``nsqd_factory``

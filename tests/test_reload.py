@@ -29,6 +29,8 @@ from tests.support.certs import Certs
 from tests.support.harness import Daemon, remove_segments, scaled, wait_for
 from tests.support.rawclient import Message, RawClient
 
+pytestmark = pytest.mark.slow
+
 NodeFactory = Callable[..., Daemon]
 SHARD_STATS = "/stats?format=json&include_shards=true"
 

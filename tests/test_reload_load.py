@@ -16,7 +16,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.chaos.reloadrun import ReloadConfig, run
+
+pytestmark = pytest.mark.slow
 
 
 def test_three_reloads_and_an_upgrade_under_mixed_load_lose_refuse_and_repeat_nothing(tmp_path: Path) -> None:

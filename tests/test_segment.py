@@ -18,6 +18,8 @@ from pynsqd.shm.segment import MAX_NAME, Segment, SegmentError, list_segments, s
 from tests.support.harness import wait_for
 from tests.support.shm_worker import payload
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def data_path(tmp_path: Path) -> Iterator[str]:

@@ -32,7 +32,7 @@ from tests.support.spark_helpers import (
     rows_committed,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 ROOT = Path(__file__).resolve().parent.parent
 BIG_RDY = "--max-rdy-count=200000"
 

@@ -40,6 +40,7 @@ from tests.support.spark_helpers import (
 from tests.test_discovery import lookupd_factory, registered_nsqd  # noqa: F401  (the fixture)
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.spark,
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                        reason="private /tmp namespaces need root and unshare"),

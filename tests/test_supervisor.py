@@ -34,6 +34,8 @@ from tests.support.harness import Daemon, decoy_checkout, remove_segments, scale
 from tests.support.nodeclient import Consumer, Producer
 from tests.support.rawclient import Message, RawClient
 
+pytestmark = pytest.mark.slow
+
 NodeFactory = Callable[..., Daemon]
 
 

@@ -18,7 +18,7 @@ from pynsqd.node import metadata
 from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.boot import BootConfig
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.control import CHUNK, ControlChannel, Received, channel_pair
+from pynsqd.node.control import DATAGRAM, ControlChannel, Received, channel_pair
 from pynsqd.node.crossrecord import decode_batch, encode_batch
 from pynsqd.node.datapath import make_backend
 from pynsqd.node.identify import Settings
@@ -43,6 +43,7 @@ from pynsqd.node.messages import (
     SetConfig,
     ShardDocuments,
     Snapshot,
+    Standby,
     StatsDocument,
     StatsRequest,
     Updated,
@@ -63,6 +64,8 @@ from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import CommandParser, encode_command, encode_identify, encode_mpub, encode_pub
 from pynsqd.wire.message import HEADER
 from tests.conftest import run_async
+
+pytestmark = pytest.mark.fast
 
 
 def test_placement_spreads_topics_evenly_and_is_stable(tmp_path: Path) -> None:
@@ -120,7 +123,7 @@ def test_control_channel_carries_requests_big_payloads_and_fds() -> None:
         right = ControlChannel(b, server, "right")
         left.start(loop)
         right.start(loop)
-        big = os.urandom(5 * CHUNK + 17)
+        big = os.urandom(5 * DATAGRAM + 17)
         reply = await left.call(RunHTTP("GET", "/echo", body=big))
         assert reply == HTTPResponse(200, [["n", str(len(big))]], big[::-1])
         r, w = os.pipe()
@@ -176,8 +179,8 @@ def test_control_channel_closes_descriptors_a_handler_does_not_take() -> None:
     Adopt(ConnectionState(True, "1.2.3.4:5", Settings("c", "h", heartbeat_interval=5)), b"SUB t c\n"),
     ServeHTTP(True),
     RunHTTP("POST", "/topic/create", "topic=t", "https", b"body"), CreateChannels("t", ["a", "b"]),
-    Quiesce(2.5), Exit(), Ready(42), Changed("created", "t", None), Changed("deleted", "t", "c"),
-    Snapshot([TopicRecord("t", True, [ChannelRecord("c", False)])], final=True),
+    Quiesce(2.5), Exit(), Ready("1.0"), Standby(), Changed("created", "t", None), Changed("deleted", "t", "c"),
+    Snapshot([TopicRecord("t", True, [ChannelRecord("c", False)])]),
     Updated([TopicRecord("t", False, [ChannelRecord("c", True)])], ["gone", "old"]),
     HandOff(1, ConnectionState(True, "h:1", None, {"t": 2}, {"version": "TLSv1.3"}, "snappy", {"secret": "s"}),
             b"PUB t\n"),

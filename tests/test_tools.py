@@ -16,9 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.foreign import channel_stats
 from tests.support.harness import Daemon, scaled, wait_for
 from tests.test_discovery import lookupd_factory, registered_nsqd  # noqa: F401
-from tests.test_foreign_clients import channel_stats
+
+pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 

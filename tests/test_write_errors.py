@@ -29,7 +29,10 @@ from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pu
 from pynsqd.wire.frames import FRAME_RESPONSE
 from pynsqd.wire.message import HEADER
 from tests.support.harness import Daemon, scaled, wait_for
+from tests.support.queues import recover
 from tests.support.rawclient import RawClient
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -83,7 +86,7 @@ def test_a_refill_commits_only_what_reached_the_log(data_path: str) -> None:
     err = _child(_REFILL_CHILD, data_path)
     assert "took 2" in err, err
     again = segment_queue(data_path, 1000, 16384, "channel", "t:c", disk_queue(data_path, "t:c"))
-    again.recover()
+    recover(again)
     got = []
     for _ in range(200):
         if not len(again):

@@ -34,6 +34,7 @@ import orjson
 
 from pynsqd.admin.config import AdminOptions
 from pynsqd.options import SECOND
+from pynsqd.wire.errors import go_quote
 
 
 class AllFailed(Exception):
@@ -285,31 +286,6 @@ def _raise_if_all_failed(errors: list[str], total: int, what: str, none_fails: b
     ``none_fails``, there were none)."""
     if len(errors) >= total and (errors or none_fails):
         raise AllFailed(f"failed to query any {what}: " + "\n".join(errors))
-
-
-def go_quote(data: bytes) -> str:
-    r"""Go's ``%q`` of a byte string (``strconv.Quote``): printable runes as they are, ``\"``
-    and ``\\``, C escapes, ``\xNN`` for other control bytes and bytes that are not UTF-8,
-    ``\uNNNN`` for other runes that are not printable."""
-    out = ['"']
-    named = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v",
-             '"': '\\"', "\\": "\\\\"}
-    for ch in data.decode("utf-8", "surrogateescape"):
-        code = ord(ch)
-        if ch in named:
-            out.append(named[ch])
-        elif 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\x{code:02x}")
-        elif ch.isprintable() or ch == " ":
-            out.append(ch)
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
 
 
 def _finish(merged: dict[str, Producer]) -> list[Producer]:

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 ``AdminHTTP`` is a plain ASGI app. It strips ``--base-path`` (anything outside it is 404),
 then matches the path against a table of ``(method, pattern, handler)`` as nsqadmin's
-httprouter does (``httpkit.Router``): an unknown path is 404 ``NOT_FOUND``, a known path
+httprouter does (``httpkit.RouteTable``): an unknown path is 404 ``NOT_FOUND``, a known path
 with another method 405 ``METHOD_NOT_ALLOWED``, a GET with a trailing slash 301. API
 handlers return data or raise ``HTTPError``; ``AllFailed`` from the cluster becomes 502
 ``UPSTREAM_ERROR: <why>``; partial failures become a 200 whose ``message`` is ``WARNING:
@@ -12,7 +12,7 @@ handlers return data or raise ``HTTPError``; ``AllFailed`` from the cluster beco
 (``application/json; charset=utf-8``, ``X-NSQ-Content-Type: nsq; version=1.0``,
 ``{"message": CODE}`` for errors). Every POST/DELETE under ``/api`` is privileged: with
 ``--admin-user`` set, the ``--acl-http-header`` value must name one of them, else 403
-``FORBIDDEN``. Each action, once done, sends the notification POST (``node.notify``).
+``FORBIDDEN``. Each action, once done, sends the notification POST (``notify.py``).
 Responses are gzip-compressed for clients that accept it (as nsqadmin does).
 
 Beyond NSQ: ``GET /api/rates`` serves nsqadmin's own sampled message rates (see
@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ipaddress
+import logging
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.middleware.gzip import GZipMiddleware
@@ -39,13 +40,13 @@ from pynsqd import logs
 from pynsqd.admin import actions
 from pynsqd.admin.aggregate import node_topic, total_channel, total_topic
 from pynsqd.admin.cluster import AllFailed, Cluster
+from pynsqd.admin.config import AdminOptions
+from pynsqd.admin.notify import Notifier
 from pynsqd.admin.pages import PAGES, render_index
-from pynsqd.httpkit import HTTPError, Router, error_response, json_response
+from pynsqd.admin.sampler import Sampler
+from pynsqd.httpkit import HTTPError, RouteTable, error_response, json_response
 from pynsqd.options import SECOND, config_value
 from pynsqd.wire.names import is_valid_name
-
-if TYPE_CHECKING:
-    from pynsqd.admin.node import AdminNode
 
 Handler = Callable[[Request, dict[str, str]], Awaitable[Any]]
 _STATIC_TYPES = {".js": "application/javascript", ".css": "text/css; charset=utf-8",
@@ -59,11 +60,13 @@ def warn(messages: list[str]) -> str:
 class AdminHTTP:
     """The ASGI app of one nsqadmin (wrapped in gzip by ``app()``)."""
 
-    def __init__(self, node: AdminNode) -> None:
-        self.node = node
-        self.options = node.options
-        self.cluster: Cluster = node.cluster
-        self.log = node.log
+    def __init__(self, options: AdminOptions, cluster: Cluster, sampler: Sampler, notifier: Notifier,
+                 log: logging.Logger) -> None:
+        self.options = options
+        self.cluster = cluster
+        self.sampler = sampler
+        self.notify = notifier.notify
+        self.log = log
         self.base = "" if self.options.base_path == "/" else self.options.base_path
         self.static_dir = Path(self.options.dev_static_dir) if self.options.dev_static_dir else None
         self.assets = "dev" if self.static_dir else _assets_hash()
@@ -82,7 +85,7 @@ class AdminHTTP:
         ]
         if self.options.proxy_graphite:
             table.append(("GET", "/render", self.render_proxy))
-        self.router: Router[Handler] = Router(table)
+        self.routes: RouteTable[Handler] = RouteTable(table)
 
     def app(self) -> Any:
         return GZipMiddleware(self, minimum_size=1024)
@@ -102,7 +105,7 @@ class AdminHTTP:
                 await error_response(404, "NOT_FOUND")(scope, receive, send)
                 return
         method = scope["method"]
-        match = self.router.match(method, path)
+        match = self.routes.match(method, path)
         if match.handler is not None:
             response = await self._run(match.handler, Request(scope, receive), match.params, path.startswith("/api/"))
         elif match.redirect is not None and method == "GET" and path.endswith("/"):
@@ -240,7 +243,7 @@ class AdminHTTP:
         return {"stats": stats, "message": warn(messages)}
 
     async def rates(self, request: Request, params: dict[str, str]) -> Any:
-        sampler = self.node.sampler
+        sampler = self.sampler
         topic = request.query_params.get("topic")
         out: dict[str, Any] = {"interval_ms": self.options.stats_sample_interval // 1_000_000,
                                "sampled_at": sampler.sampled_at, "samples": sampler.samples,
@@ -296,9 +299,9 @@ class AdminHTTP:
         if channel and not is_valid_name(channel):
             raise HTTPError(400, "INVALID_CHANNEL")
         messages = await actions.create(self.cluster, topic, channel)
-        self.node.notify("create_topic", topic, "", "", request)
+        self.notify("create_topic", topic, "", "", request)
         if channel:
-            self.node.notify("create_channel", topic, channel, "", request)
+            self.notify("create_channel", topic, channel, "", request)
         return {"message": warn(messages)}
 
     async def action(self, request: Request, params: dict[str, str]) -> Any:
@@ -308,13 +311,13 @@ class AdminHTTP:
         if action not in ("pause", "unpause", "empty"):
             raise HTTPError(400, "INVALID_ACTION")
         messages = await actions.topic_channel_action(self.cluster, action, topic, channel)
-        self.node.notify(f"{action}_{'channel' if channel else 'topic'}", topic, channel, "", request)
+        self.notify(f"{action}_{'channel' if channel else 'topic'}", topic, channel, "", request)
         return {"message": warn(messages)}
 
     async def delete(self, request: Request, params: dict[str, str]) -> Any:
         topic, channel = params["topic"], params.get("channel", "")
         messages = await actions.delete(self.cluster, topic, channel)
-        self.node.notify("delete_channel" if channel else "delete_topic", topic, channel, "", request)
+        self.notify("delete_channel" if channel else "delete_topic", topic, channel, "", request)
         return {"message": warn(messages)}
 
     async def tombstone(self, request: Request, params: dict[str, str]) -> Any:
@@ -324,7 +327,7 @@ class AdminHTTP:
         if not is_valid_name(topic):
             raise HTTPError(400, "INVALID_TOPIC")
         messages = await actions.tombstone(self.cluster, topic, node)
-        self.node.notify("tombstone_topic_producer", topic, "", node, request)
+        self.notify("tombstone_topic_producer", topic, "", node, request)
         return {"message": warn(messages)}
 
     # --- /config --------------------------------------------------------------------------

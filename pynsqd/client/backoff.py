@@ -1,4 +1,4 @@
-"""Backoff: slowing a consumer down while its handler fails. Pure state, virtual time.
+"""RDY backoff: slowing a consumer down while its handler fails. Pure state, virtual time.
 
 Theory of operation (NSQ's client guide, "Backoff"). A failed message (a handler error, or a
 requeue with ``backoff=True``) raises the backoff level by one and starts a window of
@@ -9,7 +9,7 @@ connection. The next result decides: a success lowers the level (at 0 normal RDY
 a failure raises it; either way a new window starts unless the level reached 0. Results
 reported while a window runs are ignored, so only one result counts per window.
 
-``Backoff`` holds no clock: callers pass ``now`` (seconds, any monotonic origin) and get an
+``RdyBackoff`` holds no clock: callers pass ``now`` (seconds, any monotonic origin) and get an
 action back — ``PAUSE`` (send RDY 0 everywhere, call ``on_timer`` at ``deadline``), ``TEST``
 (RDY 1 on one connection), ``RESUME`` (normal RDY) — or None.
 """
@@ -33,8 +33,8 @@ class Action(enum.Enum):
     RESUME = "resume"
 
 
-class Backoff:
-    """The backoff state machine; see the module docstring."""
+class RdyBackoff:
+    """A consumer's RDY backoff state machine; see the module docstring."""
 
     def __init__(self, multiplier: float = 1.0, max_duration: float = 120.0) -> None:
         if multiplier < 0 or max_duration < 0:

@@ -27,15 +27,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.frames import FRAME_MESSAGE, Frame
 from pynsqd.wire.message import HEADER, HEADER_SIZE
-
-if TYPE_CHECKING:
-    from pynsqd.client.batchconsumer import BatchConsumer
-    from pynsqd.client.consumer import _Conn
 
 _FRAME = struct.Struct(">ii")
 _SIZE = struct.Struct(">i")
@@ -128,6 +124,23 @@ class FrameSplitter:
         return out
 
 
+class BatchResponder(Protocol):
+    """Where a ``MessageBatch``'s answers go: the consumer that received it, on the connection
+    it came on (``batchconsumer.BatchAnswers``)."""
+
+    @property
+    def nsqd_address(self) -> str: ...
+
+    def finish(self, batch: MessageBatch) -> None:
+        """FIN every message of ``batch`` (marked answered), one write."""
+
+    def requeue(self, batch: MessageBatch, delay: float | None, backoff: bool) -> None:
+        """REQ every message of ``batch`` (marked answered), one write."""
+
+    def touch(self, batch: MessageBatch) -> None:
+        """TOUCH every message of ``batch``, one write."""
+
+
 class MessageBatch:
     """Messages one read delivered on one connection, undecoded; see the module docstring.
 
@@ -138,12 +151,11 @@ class MessageBatch:
     message was answered; ``disable_auto_response()`` as for ``Message``.
     """
 
-    __slots__ = ("_auto", "_conn", "_consumer", "_lo", "_state", "frames", "offsets")
+    __slots__ = ("_auto", "_lo", "_responder", "_state", "frames", "offsets")
 
-    def __init__(self, consumer: BatchConsumer, conn: _Conn, frames: bytes, offsets: list[int],
+    def __init__(self, responder: BatchResponder, frames: bytes, offsets: list[int],
                  state: bytearray | None = None, lo: int = 0) -> None:
-        self._consumer = consumer
-        self._conn = conn
+        self._responder = responder
         self.frames = frames
         self.offsets = offsets
         self._state = state if state is not None else bytearray(len(offsets) - 1)
@@ -160,7 +172,7 @@ class MessageBatch:
         if step != 1:
             raise ValueError("a MessageBatch slice must be contiguous")
         stop = max(start, stop)
-        part = MessageBatch(self._consumer, self._conn, self.frames, self.offsets[start:stop + 1],
+        part = MessageBatch(self._responder, self.frames, self.offsets[start:stop + 1],
                             self._state, self._lo + start)
         part._auto = self._auto
         return part
@@ -177,7 +189,7 @@ class MessageBatch:
 
     @property
     def nsqd_address(self) -> str:
-        return self._conn.address
+        return self._responder.nsqd_address
 
     def ids(self) -> list[bytes]:
         frames = self.frames
@@ -208,20 +220,20 @@ class MessageBatch:
     def finish(self) -> None:
         """FIN every message (one write). Raises ``RuntimeError`` if one was answered already."""
         if self._respond():
-            self._consumer._finish_batch(self)
+            self._responder.finish(self)
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ every message after ``delay`` seconds (default: the consumer's requeue delay
         times each message's attempts, capped). ``backoff`` counts the batch as one failure."""
         if self._respond():
-            self._consumer._requeue_batch(self, delay, backoff)
+            self._responder.requeue(self, delay, backoff)
 
     def touch(self) -> None:
         """TOUCH every message (reset their timeouts); not after one was answered."""
         if self._state.find(1, self._lo, self._lo + len(self)) >= 0:
             raise RuntimeError(f"{self!r}: a message was already answered")
         if len(self):
-            self._consumer._touch_batch(self)
+            self._responder.touch(self)
 
     def unanswered(self) -> list[MessageBatch]:
         """The slices of this batch whose messages are not answered yet (for partial answers)."""

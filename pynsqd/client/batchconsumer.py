@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pynsqd.client.batch import MessageBatch, join_commands
-from pynsqd.client.consumer import Consumer, _Conn
+from pynsqd.client.consumer import Answering, Consumer, _Conn, call_handler
 
 log = logging.getLogger("pynsqd.client")
 
@@ -50,9 +50,11 @@ class BatchConsumer(Consumer):
         self.batch_handler = handler
 
     def _attach(self, conn: _Conn) -> None:
-        conn.proto.deliver_batches(lambda frames, offsets: self._on_batch(conn, frames, offsets))
+        answers = BatchAnswers(self, conn)
+        conn.proto.deliver_batches(lambda frames, offsets: self._on_batch(answers, frames, offsets))
 
-    def _on_batch(self, conn: _Conn, frames: bytes, offsets: list[int]) -> None:
+    def _on_batch(self, answers: BatchAnswers, frames: bytes, offsets: list[int]) -> None:
+        conn = answers.conn
         count = len(offsets) - 1
         self.stats["received"] += count
         self._in_flight += count
@@ -62,15 +64,11 @@ class BatchConsumer(Consumer):
             want = self.rdy.wants_update(conn.address)
             if want is not None:  # a fresh connection's RDY 1 becomes its share at its first run
                 self._send_rdy(conn.address, want)
-        batch = MessageBatch(self, conn, frames, offsets)
+        batch = MessageBatch(answers, frames, offsets)
         if self._is_coroutine:
             self._track(self._run_batch(batch, None))
             return
-        try:
-            result = self.batch_handler(batch)
-        except Exception:
-            log.exception("handler failed for %r", batch)
-            result = False
+        result = call_handler(self.batch_handler, batch)
         if inspect.isawaitable(result):
             self._track(self._run_batch(batch, result))
         else:
@@ -93,25 +91,32 @@ class BatchConsumer(Consumer):
             else:
                 part.finish()
 
-    # --- answers (called by MessageBatch) ----------------------------------------------------
-    def _finish_batch(self, batch: MessageBatch) -> None:
-        batch._conn.send(join_commands(b"FIN", batch.ids()))
-        self.stats["finished"] += len(batch)
-        self._answered(batch._conn, len(batch), True)
 
-    def _requeue_batch(self, batch: MessageBatch, delay: float | None, backoff: bool) -> None:
+
+class BatchAnswers(Answering):
+    """The ``BatchResponder`` of the runs one connection delivers: each answer is one write."""
+
+    __slots__ = ()
+
+    def finish(self, batch: MessageBatch) -> None:
+        self.consumer.stats["finished"] += len(batch)
+        self.answer(join_commands(b"FIN", batch.ids()), len(batch), True)
+
+    def requeue(self, batch: MessageBatch, delay: float | None, backoff: bool) -> None:
+        consumer = self.consumer
         ids = batch.ids()
         if delay is None:
-            cap, step = self.max_requeue_delay, self.requeue_delay
+            cap, step = consumer.max_requeue_delay, consumer.requeue_delay
             delays = [int(min(step * attempts, cap) * 1000) for attempts in batch.attempts()]
         else:
             delays = [max(0, int(delay * 1000))] * len(ids)
-        batch._conn.send(b"".join([b"REQ %s %d\n" % pair for pair in zip(ids, delays)]))
-        self.stats["requeued"] += len(batch)
-        self._answered(batch._conn, len(batch), False if backoff else None)
+        consumer.stats["requeued"] += len(batch)
+        self.answer(b"".join([b"REQ %s %d\n" % pair for pair in zip(ids, delays)]), len(batch),
+                    False if backoff else None)
 
-    def _touch_batch(self, batch: MessageBatch) -> None:
-        batch._conn.send(join_commands(b"TOUCH", batch.ids()))
+    def touch(self, batch: MessageBatch) -> None:
+        self.conn.send(join_commands(b"TOUCH", batch.ids()))
 
 
 __all__ = ["BatchConsumer", "BatchHandler"]
+

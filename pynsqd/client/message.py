@@ -1,11 +1,25 @@
-"""The message object a consumer's handler receives."""
+"""The message object a consumer's handler receives, and what it answers through."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from pynsqd.client.consumer import Consumer, _Conn
+
+class Responder(Protocol):
+    """Where a ``Message``'s answers go: the consumer that received it, on the connection it
+    came on (``consumer.Answers``)."""
+
+    @property
+    def nsqd_address(self) -> str: ...
+
+    def finish(self, message: Message) -> None:
+        """Send FIN (the message was marked answered)."""
+
+    def requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
+        """Send REQ (the message was marked answered)."""
+
+    def touch(self, message: Message) -> None:
+        """Send TOUCH."""
 
 
 class Message:
@@ -18,12 +32,10 @@ class Message:
     called — then the application must answer, possibly later, from anywhere on the loop.
     """
 
-    __slots__ = ("_auto", "_conn", "_consumer", "attempts", "body", "id", "responded", "timestamp")
+    __slots__ = ("_auto", "_responder", "attempts", "body", "id", "responded", "timestamp")
 
-    def __init__(self, consumer: Consumer, conn: _Conn, msg_id: bytes, body: bytes, attempts: int,
-                 timestamp: int) -> None:
-        self._consumer = consumer
-        self._conn = conn
+    def __init__(self, responder: Responder, msg_id: bytes, body: bytes, attempts: int, timestamp: int) -> None:
+        self._responder = responder
         self.id = msg_id
         self.body = body
         self.attempts = attempts
@@ -33,7 +45,7 @@ class Message:
 
     @property
     def nsqd_address(self) -> str:
-        return self._conn.address
+        return self._responder.nsqd_address
 
     @property
     def auto_response(self) -> bool:
@@ -46,19 +58,19 @@ class Message:
     def finish(self) -> None:
         """FIN: the message is done. A second answer raises ``RuntimeError``."""
         self._respond()
-        self._consumer._finish(self)
+        self._responder.finish(self)
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ: deliver the message again after ``delay`` seconds (default: the consumer's
         requeue delay times attempts, capped). ``backoff`` counts it as a failure for backoff."""
         self._respond()
-        self._consumer._requeue(self, delay, backoff)
+        self._responder.requeue(self, delay, backoff)
 
     def touch(self) -> None:
         """TOUCH: reset the message's timeout on nsqd (not after it was answered)."""
         if self.responded:
             raise RuntimeError(f"message {self.id!r} already answered")
-        self._consumer._touch(self)
+        self._responder.touch(self)
 
     def _respond(self) -> None:
         if self.responded:

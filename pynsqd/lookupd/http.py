@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 ``LookupHTTP`` is a plain ASGI app (Starlette's response classes, served on a socket the
 node bound by ``httpserver.py``). Routing is a table of ``(method, path, handler)``
-(``httpkit.Router``) and follows julienschmidt/httprouter as NSQ configures it: an unknown path is
+(``httpkit.RouteTable``) and follows julienschmidt/httprouter as NSQ configures it: an unknown path is
 404 ``NOT_FOUND``; a known path with another method is 405 ``METHOD_NOT_ALLOWED`` with an
 ``Allow`` header; ``OPTIONS`` answers with ``Allow``; ``/ping/`` or ``/PING`` redirect to
 ``/ping`` (301 for GET, 307 otherwise).
@@ -31,7 +31,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from pynsqd import NSQ_VERSION
-from pynsqd.httpkit import HTTPError, Params, Router, Sorted, error_response, json_response, parse_query
+from pynsqd.httpkit import HTTPError, Params, RouteTable, Sorted, error_response, json_response, parse_query
 from pynsqd.lookupd.registry import (
     RegistrationDB,
     channel_key,
@@ -76,7 +76,7 @@ class LookupHTTP:
         self.log = log
         self.clock = clock
         self.plain = {self.ping}  # text bodies without X-NSQ-Content-Type
-        self.router: Router[Handler] = Router([
+        self.routes: RouteTable[Handler] = RouteTable([
             ("GET", "/ping", self.ping),
             ("GET", "/info", self.info),
             ("GET", "/debug", self.debug),
@@ -97,7 +97,7 @@ class LookupHTTP:
         if scope["type"] != "http":
             return
         method, path, query = scope["method"], scope["path"], scope.get("query_string", b"")
-        match = self.router.match(method, path)
+        match = self.routes.match(method, path)
         if match.handler is not None:
             response = self._run(match.handler, query)
         else:

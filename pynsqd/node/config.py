@@ -16,8 +16,7 @@ import zlib
 from collections.abc import Callable, Sequence
 
 from pynsqd.options import HOUR, MINUTE, MS, SECOND, UsageError, flag, parse_bool, resolve
-
-LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
+from pynsqd.shared_flags import LOG_LEVELS, non_negative, positive
 
 
 def default_node_id() -> int:
@@ -48,14 +47,6 @@ def _tls_required(raw: object) -> str:
     if text == "tcp-https":
         return text
     return "true" if parse_bool(text) else "false"
-
-
-def _positive(value: int) -> str | None:
-    return None if value > 0 else "must be greater than 0"
-
-
-def _non_negative(value: int) -> str | None:
-    return None if value >= 0 else "must not be negative"
 
 
 @dataclasses.dataclass
@@ -95,18 +86,18 @@ class NsqdOptions:
 
     data_path: str = flag("data-path", "", "path to store disk-backed messages")
     mem_queue_size: int = flag("mem-queue-size", 10000, "number of messages to keep in memory "
-                               "(per topic/channel)", validate=_non_negative)
+                               "(per topic/channel)", validate=non_negative)
     mem_queue_bytes: int = flag("mem-queue-bytes", 0, "(pynsqd) if set, the bytes of shared memory "
                                 "of each topic/channel log, an extra bound on --mem-queue-size (raised to "
                                 "hold two --max-msg-size messages); default: each log grows to hold "
                                 "--mem-queue-size messages, within what /dev/shm and memory have",
-                                validate=_non_negative)
+                                validate=non_negative)
     max_bytes_per_file: int = flag("max-bytes-per-file", 104857600, "number of bytes per diskqueue "
-                                   "file before rolling", validate=_positive)
+                                   "file before rolling", validate=positive)
     sync_every: int = flag("sync-every", 2500, "number of messages per diskqueue fsync",
-                           validate=_positive)
+                           validate=positive)
     sync_timeout: int = flag("sync-timeout", 2 * SECOND, "duration of time per diskqueue fsync",
-                             kind="duration", validate=_positive)
+                             kind="duration", validate=positive)
     queue_scan_worker_pool_max: int = flag("queue-scan-worker-pool-max", 4, "max concurrency "
                                            "for checking in-flight and deferred message timeouts")
     queue_scan_selection_count: int = flag("queue-scan-selection-count", 20, "number of channels "
@@ -114,23 +105,23 @@ class NsqdOptions:
                                            "deferred timeouts")
 
     msg_timeout: int = flag("msg-timeout", 60 * SECOND, "default duration to wait before auto-requeing "
-                            "a message", kind="duration", validate=_positive)
+                            "a message", kind="duration", validate=positive)
     max_msg_timeout: int = flag("max-msg-timeout", 15 * MINUTE, "maximum duration before a message "
-                                "will timeout", kind="duration", validate=_positive)
+                                "will timeout", kind="duration", validate=positive)
     max_msg_size: int = flag("max-msg-size", 1048576, "maximum size of a single message in bytes",
-                             validate=_positive)
+                             validate=positive)
     max_req_timeout: int = flag("max-req-timeout", 1 * HOUR, "maximum requeuing timeout for a message",
-                                kind="duration", validate=_non_negative)
+                                kind="duration", validate=non_negative)
     max_body_size: int = flag("max-body-size", 5242880, "maximum size of a single command body",
-                              validate=_positive)
+                              validate=positive)
 
     max_heartbeat_interval: int = flag("max-heartbeat-interval", 60 * SECOND, "maximum client "
                                        "configurable duration of time between client heartbeats",
-                                       kind="duration", validate=_positive)
+                                       kind="duration", validate=positive)
     max_rdy_count: int = flag("max-rdy-count", 2500, "maximum RDY count for a client",
-                              validate=_non_negative)
+                              validate=non_negative)
     max_output_buffer_size: int = flag("max-output-buffer-size", 65536, "maximum client configurable "
-                                       "size (in bytes) for a client output buffer", validate=_positive)
+                                       "size (in bytes) for a client output buffer", validate=positive)
     max_output_buffer_timeout: int = flag("max-output-buffer-timeout", 30 * SECOND, "maximum client "
                                           "configurable duration of time between flushing to a client",
                                           kind="duration")
@@ -141,7 +132,7 @@ class NsqdOptions:
                                       "between flushing data to clients", kind="duration")
     max_channel_consumers: int = flag("max-channel-consumers", 0, "maximum channel consumer "
                                       "connection count per nsqd instance (default 0, i.e., unlimited)",
-                                      validate=_non_negative)
+                                      validate=non_negative)
 
     statsd_address: str = flag("statsd-address", "",
                                "UDP <addr>:<port> of a statsd daemon for pushing stats")
@@ -180,7 +171,7 @@ class NsqdOptions:
                                   "can negotiate (> values == > nsqd CPU usage)")
     snappy: bool = flag("snappy", True, "enable snappy feature negotiation (client compression)")
     shards: int = flag("shards", os.cpu_count() or 1, "number of shard processes (pynsqd; "
-                       "default: the number of CPUs)", validate=_positive)
+                       "default: the number of CPUs)", validate=positive)
     enable_experiment: list[str] = flag("enable-experiment", [], "enable experimental feature "
                                         "(topology-aware-consumption)", kind="strlist")
 

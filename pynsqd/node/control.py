@@ -9,7 +9,7 @@ optional raw payload (the unread bytes of a handed-over connection, a proxied HT
 optional file descriptors (``SCM_RIGHTS``). On the wire
 one message is one or more datagrams ``[1B more-flag][chunk]``: SEQPACKET keeps datagram
 boundaries, so there is no length framing to parse, and a large message (a stats document of
-a busy node) is split into ``CHUNK``-sized datagrams that the receiver joins. Descriptors
+a busy node) is split into ``DATAGRAM``-sized datagrams that the receiver joins. Descriptors
 travel with the first datagram, up to ``MAX_FDS`` of them, and the receiver has room for that
 many (a receiver with less loses the rest: the kernel closes them). A datagram the kernel
 takes at once carries the sender's own descriptors; one that must wait holds duplicates.
@@ -39,9 +39,10 @@ from pynsqd.node.messages import Message, decode_message
 
 log = logging.getLogger("pynsqd.control")
 
-CHUNK = 60 * 1024
+DATAGRAM = 60 * 1024
 MAX_FDS = 253  # descriptors one message may carry (Linux's SCM_MAX_FD); a receiver takes them all
 PROXY_WAIT = 5.0  # seconds the supervisor gives a proxied admin call at its owner shard
+CALL_WAIT = 30.0  # seconds a call waits for its answer: a shard's at the supervisor, the supervisor's at a shard
 SOCKET_BUFFER = 4 * 1024 * 1024
 _HEAD = struct.Struct(">I")
 
@@ -82,7 +83,7 @@ def encode(header: dict[str, Any], payload: bytes = b"") -> list[bytes]:
     """A message as the datagrams that carry it."""
     head = orjson.dumps(header)
     data = _HEAD.pack(len(head)) + head + payload
-    chunks = [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
+    chunks = [data[i:i + DATAGRAM] for i in range(0, len(data), DATAGRAM)] or [b""]
     return [(b"\x01" if i < len(chunks) - 1 else b"\x00") + c for i, c in enumerate(chunks)]
 
 
@@ -255,7 +256,7 @@ class ControlChannel:
     def _readable(self) -> None:
         for _ in range(64):
             try:
-                data, fds, flags, _ = socket.recv_fds(self.sock, CHUNK + 1, MAX_FDS)
+                data, fds, flags, _ = socket.recv_fds(self.sock, DATAGRAM + 1, MAX_FDS)
             except BlockingIOError:
                 return
             except OSError as exc:

@@ -210,8 +210,7 @@ class Resume(Message):
 @frozen
 class Ready(Message):
     op: ClassVar[str] = "ready"
-    pid: int
-    version: str = ""  # the pynsqd the shard runs (a reload or an upgrade changes it)
+    version: str  # the pynsqd the shard runs (a reload or an upgrade changes it)
 
 
 @message
@@ -220,25 +219,24 @@ class Standby(Message):
     """A replacement shard booted and waits for its predecessor's ``Handover``."""
 
     op: ClassVar[str] = "standby"
-    pid: int
 
 
 @message
 @frozen
 class Snapshot(Message):
-    """The shard's topics and channels with their paused flags (``final``: at its exit)."""
+    """The shard's topics and channels with their paused flags (at its start, its exit, and
+    when a new supervisor image asks)."""
 
     op: ClassVar[str] = "snapshot"
     topics: list[TopicRecord]
-    final: bool = False
 
     def encode(self) -> tuple[dict[str, Any], bytes]:
-        return {"op": self.op, "topics": [t.to_json() for t in self.topics], "final": self.final}, b""
+        return {"op": self.op, "topics": [t.to_json() for t in self.topics]}, b""
 
     @classmethod
     def from_wire(cls: type[M], fields: dict[str, Any], payload: bytes) -> M:
         topics = [TopicRecord.from_json(t) for t in fields["topics"]]
-        return cls(topics=topics, final=bool(fields.get("final", False)))
+        return cls(topics=topics)
 
 
 @message

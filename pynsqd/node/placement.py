@@ -62,14 +62,6 @@ class Placement:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def refresh(self) -> None:
-        """Read what other processes appended (under a shared lock)."""
-        fcntl.flock(self._fd, fcntl.LOCK_SH)
-        try:
-            self._read_new()
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
     def _learn(self, topic: str, shard: int) -> None:
         old = self.owners.get(topic)
         if old is not None and 0 <= old < self.shards:

@@ -38,6 +38,7 @@ read and one batch of ids per PUB/MPUB.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -46,15 +47,15 @@ from typing import Any, Protocol
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.metadata import ChannelRecord, TopicRecord
 from pynsqd.options import MS
+from pynsqd.shard.backend import Backend, DropBackend
 from pynsqd.shard.channel import Channel
 from pynsqd.shard.latency import LatencyWindow
-from pynsqd.shard.queue import Backend, DropBackend, MessageQueue
+from pynsqd.shard.queue import MessageQueue
 from pynsqd.shard.recovery import BOOT, Recovery, match_channels, recover_channel, recover_topic
+from pynsqd.shard.relay import Relayable
 from pynsqd.shard.syncer import Syncer
 from pynsqd.shard.topic import Topic
 from pynsqd.shm.diskqueue import DiskQueue
-from pynsqd.shm.log import MessageLog
-from pynsqd.shm.ring import buffer_size
 from pynsqd.wire.message import TS_ATTEMPTS, IdFactory
 
 log = logging.getLogger("pynsqd.shard")
@@ -77,24 +78,45 @@ class Backpressure(Exception):
         self.stored = stored
 
 
+RING_RETRY = 0.001  # seconds between tries of a publish that met ``Backpressure``
 PARTIAL_KEPT = 256  # publishes stored in part (a split cross-shard batch) remembered for their retry
 
 
 class Router(Protocol):
-    """Where topics live when the node has several shards (``shard/router.py``)."""
+    """Where topics live on a node of several shards (``shard/router.py``)."""
 
-    def owner(self, topic: str) -> int: ...
+    def owner(self, topic: str) -> int:
+        """The shard that owns ``topic``."""
 
-    def forward(self, topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> None: ...
+    def forward(self, topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> None:
+        """Store a publish in the owner's inbound ring; raises ``Backpressure``."""
 
     def catch_up(self) -> None:
         """Store what the inbound rings hold that was sent before now: this shard is about to
         store a publish it received itself (``shard/inbound.py``)."""
 
-    def relay(self, client: Any, owner: int, unread: bytes) -> None: ...
+    def relay(self, client: Relayable, owner: int, unread: bytes) -> None:
+        """Serve ``client`` from the shard ``owner`` from here on."""
 
 
-BackendFactory = Callable[[str, bool], Backend]
+def _ignore(*args: object) -> None:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerHooks:
+    """What the shard around a broker hears from it (nothing, by default)."""
+
+    # ("created" | "deleted", topic, channel or None) for every topic/channel change
+    on_change: Callable[[str, str, str | None], None] = _ignore
+    on_scan: Callable[[], None] = _ignore  # after every scan: the shard's heartbeat
+    on_fatal: Callable[[], None] = _ignore  # the scan failed: take the process down
+    on_recovery_error: Callable[[Exception], None] = _ignore  # a log left by a previous process is corrupt
+
+
+NO_HOOKS = BrokerHooks()
+
+BackendFactory = Callable[[str], Backend]  # durable queue name → its backend
 # (kind "topic" | "channel", queue name, backend) → the queue, recovering if it existed
 QueueFactory = Callable[[str, str, Backend], MessageQueue]
 
@@ -102,21 +124,24 @@ QueueFactory = Callable[[str, str, Backend], MessageQueue]
 class Broker:
     """Topics and channels owned by one shard."""
 
-    def __init__(self, opts: NsqdOptions, backend_factory: BackendFactory | None = None,
-                 shard: int = 0, shards: int = 1, queue_factory: QueueFactory | None = None) -> None:
+    def __init__(self, opts: NsqdOptions, queue_factory: QueueFactory, backend_factory: BackendFactory, *,
+                 shard: int = 0, shards: int = 1, router: Router | None = None, hooks: BrokerHooks = NO_HOOKS,
+                 start_ns: int | None = None) -> None:
         self.opts = opts
         self.topics: dict[str, Topic] = {}
         self.ids = IdFactory(opts.node_id, shard, shards)
         self.shard = shard
-        self.router: Router | None = None  # set by a worker of a multi-shard node
+        self.router = router  # where other shards' topics live (None: every topic is this broker's)
+        self.hooks = hooks
         self.clients: set[Any] = set()
-        self.start_ns = time.time_ns()  # wall clock: /stats text's uptime
+        self.start_ns = time.time_ns() if start_ns is None else start_ns  # wall clock: /stats text's uptime
         self.start_time = self.start_ns // 1_000_000_000
         self.health = "OK"
         self.exiting = False
         self.frozen = False  # being handed over to a replacement: no pump runs (``hand_over``)
-        self._backend_factory = backend_factory or (lambda name, ephemeral: DropBackend())
-        self._queue_factory = queue_factory or self._process_queue
+        self._restoring = False  # topics and channels of ``nsqd.dat`` are recreated: no ``on_change``
+        self._backend_factory = backend_factory
+        self._queue_factory = queue_factory
         self._dirty: dict[Any, None] = {}
         self._timed: dict[Channel, None] = {}  # channels with something in flight or deferred
         self._retrying: dict[Topic, None] = {}  # topics with a failed hand-on to retry
@@ -129,12 +154,8 @@ class Broker:
         self._checking: list[Any] = []  # the clients whose deadlines this second's scans check
         self._scan_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # ("created" | "deleted", topic, channel or None) for every topic/channel change
-        self.on_change: Callable[[str, str, str | None], None] | None = None
         self.syncer: Syncer | None = None  # disk-queue syncs off the loop, once started
-        self.on_scan: Callable[[], None] | None = None  # after every scan: the shard's heartbeat
-        self.on_fatal: Callable[[], None] | None = None  # the scan failed: take the process down
-        self.recovery = Recovery()  # the logs a previous process left, adopted in steps
+        self.recovery = Recovery(hooks.on_recovery_error)  # the logs a previous process left, adopted in steps
         # (kind, queue name) -> ``MessageQueue.export`` of a process this shard replaces: such a
         # queue is taken over as it was instead of recovered (``transfer.py``)
         self.adopted: dict[tuple[str, str], dict[str, Any]] = {}
@@ -186,11 +207,9 @@ class Broker:
             self._scan_once(time.monotonic_ns())
         except Exception:
             log.exception("the queue scan failed; stopping this process so that it is restarted")
-            if self.on_fatal is not None:
-                self.on_fatal()
+            self.hooks.on_fatal()
             return
-        if self.on_scan is not None:
-            self.on_scan()
+        self.hooks.on_scan()
         self._scan_handle = self._loop.call_later(SCAN_INTERVAL, self._scan)
 
     def _scan_once(self, now: int) -> None:
@@ -229,14 +248,9 @@ class Broker:
 
     # --- topics and channels --------------------------------------------------------------
     def _backend(self, queue_name: str, ephemeral: bool) -> Backend:
-        backend = DropBackend() if ephemeral else self._backend_factory(queue_name, ephemeral)
+        backend = DropBackend() if ephemeral else self._backend_factory(queue_name)
         self._attach(backend)
         return backend
-
-    def _process_queue(self, kind: str, name: str, backend: Backend) -> MessageQueue:
-        """A queue whose log lives in this process only (a broker without a node)."""
-        log_ = MessageLog(bytearray(buffer_size(max(self.opts.mem_queue_bytes or 32 << 20, 1 << 16))), init=True)
-        return MessageQueue(log_, self.opts.mem_queue_size, backend)
 
     def get_topic(self, name: str) -> Topic:
         topic = self.topics.get(name)
@@ -311,8 +325,8 @@ class Broker:
                     self.delete_topic(topic.name)
 
     def _changed(self, event: str, topic: str, channel: str | None) -> None:
-        if self.on_change is not None:
-            self.on_change(event, topic, channel)
+        if not self._restoring:
+            self.hooks.on_change(event, topic, channel)
 
     def queue_names(self) -> list[tuple[str, str]]:
         """(kind, queue name) of every topic and channel (their shared-memory segments)."""
@@ -419,10 +433,6 @@ class Broker:
             raise BrokerError(str(exc)) from exc
 
     # --- metadata -------------------------------------------------------------------------
-    def registrations(self) -> list[tuple[str, list[str]]]:
-        """Topics and their channels, for registering with nsqlookupd."""
-        return [(t.name, list(t.channels)) for t in self.topics.values()]
-
     def snapshot(self, names: Iterable[str] | None = None) -> list[TopicRecord]:
         """Topics (all, or those of ``names`` that exist) and their channels with their paused
         flags, for ``nsqd.dat``."""
@@ -434,7 +444,7 @@ class Broker:
         """Recreate topics and channels from ``nsqd.dat`` (no change notifications), and
         recover up to ``BOOT`` records of the logs a previous process left (the rest while
         serving, once ``start`` ran)."""
-        notify, self.on_change = self.on_change, None
+        self._restoring = True
         try:
             for name, paused, channels in topics:
                 topic = self.get_topic(name)
@@ -443,7 +453,7 @@ class Broker:
                     channel.paused = channel_paused
                 topic.paused = paused
         finally:
-            self.on_change = notify
+            self._restoring = False
         self.recovery.run(BOOT)
 
     # --- a replacement process carries on (``transfer.py``) --------------------------------

@@ -407,8 +407,6 @@ class Channel:
         if expired or due:
             if self.consumers:
                 self._schedule(self)
-            for client in self.consumers:
-                client.on_channel_timers()
             return True
         return False
 
@@ -423,8 +421,6 @@ class Channel:
         flight")."""
         self.queue.empty()
         self._forget()
-        for client in self.consumers:
-            client.on_channel_timers()
 
     def _forget(self) -> list[tuple[int, bytes]]:
         """Drop what is in flight and deferred from the tables (the log keeps or loses the

@@ -6,9 +6,11 @@ action) and raises ``ProtocolError`` for the connection to answer. States (``sta
 in INIT (IDENTIFY may repeat); RDY, FIN, REQ, TOUCH once subscribed (FIN/REQ/TOUCH also while
 closing; RDY is ignored while closing); PUB, MPUB, DPUB and NOP in any state.
 
-``V2Commands`` holds what a client is to the broker (settings, AUTH session, subscription,
-RDY, counters); the connection that reads and writes the bytes (``protocol.ClientV2``)
-subclasses it and provides the I/O hooks declared at the end of the class. ``COMMANDS`` maps
+``Session`` holds what a client is to the broker (settings, AUTH session, TLS and
+compression, subscription, RDY, what it published) and runs the commands; it reaches the
+connection that carries it (``protocol.ClientV2``) only through ``Link``: write a frame,
+flush, start an upgrade, suspend the command stream. That connection is also the
+``Consumer`` its channel delivers to, so ``Link`` extends that interface. ``COMMANDS`` maps
 each command name to its handler.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.identify import Settings, negotiate
@@ -25,6 +27,7 @@ from pynsqd.shard.auth import AuthSession
 from pynsqd.shard.broker import Broker, BrokerError
 from pynsqd.shard.channel import Channel, ChannelError
 from pynsqd.shard.consumer import Consumer
+from pynsqd.shard.transport import NO_TLS
 from pynsqd.wire.commands import ms_to_duration_ns, parse_base10
 from pynsqd.wire.errors import ProtocolError, go_quote
 from pynsqd.wire.frames import CLOSE_WAIT_FRAME, FRAME_ERROR, OK_FRAME, encode_frame, encode_response
@@ -45,25 +48,48 @@ class Relayed(Exception):
         self.owner = owner
 
 
-class V2Commands(Consumer):
-    """The commands of protocol V2 and the session state they change; a ``Consumer`` of the
-    channel it subscribes to."""
+class Link(Consumer, Protocol):
+    """What the commands need from the connection that carries them (``protocol.ClientV2``),
+    which is also the consumer its channel delivers to."""
 
-    def __init__(self, broker: Broker, opts: NsqdOptions) -> None:
+    def send(self, frame: bytes) -> None:
+        """Write a response or error frame, behind any buffered messages."""
+
+    def flush(self) -> None:
+        """Write the buffered message frames now."""
+
+    def input_pending(self) -> bool:
+        """Bytes or commands were read beyond the one running."""
+
+    def arm_heartbeat(self) -> None:
+        """The heartbeat interval changed: time the next heartbeat from now."""
+
+    def suspend(self, work: Coroutine[Any, Any, None]) -> None:
+        """Hold further commands and output until ``work`` is done."""
+
+    def upgrade_tls(self, compression: str, level: int) -> Coroutine[Any, Any, None]:
+        """The TLS handshake (then the compression ``compression``, if any), for ``suspend``."""
+
+    def compress(self, name: str, level: int) -> None:
+        """Compress the connection with ``name`` from the next frame on."""
+
+
+class Session:
+    """The commands of protocol V2 and the session state they change, for one connection."""
+
+    def __init__(self, link: Link, broker: Broker, opts: NsqdOptions) -> None:
+        self.link = link
         self.broker = broker
         self.opts = opts
         self.remote_address = ""
         self.settings: Settings
         self.auth: AuthSession | None = None
         self.tls = False
+        self.tls_info: dict[str, Any] = NO_TLS
         self.compression = ""
         self.state = STATE_INIT
         self.channel: Channel | None = None
         self.rdy = 0
-        self.in_flight_count = 0  # messages of ours the channel holds in flight
-        self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}
         self.connect_ts = int(time.time())
 
@@ -75,17 +101,18 @@ class V2Commands(Consumer):
         tls, compression = settings.upgrade_tls, settings.compression
         if (tls and self.tls) or (compression and self.compression):
             raise ProtocolError("E_IDENTIFY_FAILED", "IDENTIFY failed connection already upgraded")
-        if (tls or compression) and self._input_pending():
+        if (tls or compression) and self.link.input_pending():
             raise ProtocolError("E_IDENTIFY_FAILED", "IDENTIFY failed data sent before the upgrade completed")
         self.settings = settings
-        self._send(encode_response(response))
+        link = self.link
+        link.send(encode_response(response))
         if self.settings.heartbeat_interval != old_hb:
-            self._arm_heartbeat()
+            link.arm_heartbeat()
         if tls:
             log.info("PROTOCOL(V2): [%s] upgrading connection to TLS", self.remote_address)
-            self._suspend(self._upgrade_tls(compression, settings.deflate_level))
+            link.suspend(link.upgrade_tls(compression, settings.deflate_level))
         elif compression:
-            self._compress(compression, settings.deflate_level)
+            link.compress(compression, settings.deflate_level)
 
     def _auth(self, params: list[bytes], body: Any) -> None:
         if self.state != STATE_INIT:
@@ -93,7 +120,7 @@ class V2Commands(Consumer):
         if len(params) != 1:
             raise ProtocolError("E_INVALID", "AUTH invalid number of parameters")
         assert self.auth is not None
-        self._send(encode_response(self.auth.authenticate(body)))
+        self.link.send(encode_response(self.auth.authenticate(body)))
 
     def _sub(self, params: list[bytes], body: Any) -> None:
         if self.state != STATE_INIT:
@@ -120,12 +147,12 @@ class V2Commands(Consumer):
         topic = self.broker.get_topic(topic_name)
         channel = self.broker.get_channel(topic, channel_name)
         try:
-            channel.add_consumer(self)
+            channel.add_consumer(self.link)
         except ChannelError as exc:
             raise ProtocolError("E_SUB_FAILED", f"SUB failed {exc}") from None
         self.channel = channel
         self.state = STATE_SUBSCRIBED
-        self._send(OK_FRAME)
+        self.link.send(OK_FRAME)
 
     def _rdy(self, params: list[bytes], body: Any) -> None:
         if self.state == STATE_CLOSING:
@@ -144,8 +171,9 @@ class V2Commands(Consumer):
             raise ProtocolError("E_INVALID", f"RDY count {count} out of range 0-{self.opts.max_rdy_count}")
         self.rdy = count
         if self.channel is not None:
-            if self._out and self.capacity() <= 0:
-                self._flush()
+            link = self.link
+            if link.output() and link.capacity() <= 0:
+                link.flush()
             self.channel.notify_ready()
 
     def _message_id(self, cmd: str, params: list[bytes], need: int) -> bytes:
@@ -162,15 +190,15 @@ class V2Commands(Consumer):
         msg_id = self._message_id("FIN", params, 2)
         assert self.channel is not None
         try:
-            self.channel.finish(self, msg_id)
+            self.channel.finish(self.link, msg_id)
         except ChannelError as exc:
             raise ProtocolError("E_FIN_FAILED", f"FIN {msg_id.decode('latin-1')} failed {exc}") from None
 
-    def _fin_many(self, ids: list[bytes]) -> None:
+    def fin_many(self, ids: list[bytes]) -> None:
         """FIN each of ``ids`` (valid 16-byte ids, subscribed); errors as ``_fin``'s."""
         assert self.channel is not None
-        for msg_id, reason in self.channel.finish_many(self, ids):
-            self._send(encode_frame(FRAME_ERROR, ProtocolError(
+        for msg_id, reason in self.channel.finish_many(self.link, ids):
+            self.link.send(encode_frame(FRAME_ERROR, ProtocolError(
                 "E_FIN_FAILED", f"FIN {msg_id.decode('latin-1')} failed {reason}").encode_text()))
 
     def _req(self, params: list[bytes], body: Any) -> None:
@@ -185,7 +213,7 @@ class V2Commands(Consumer):
         if self.broker.exiting:
             raise ProtocolError("E_REQ_FAILED", f"REQ {msg_id.decode('latin-1')} failed exiting")
         try:
-            self.channel.requeue(self, msg_id, delay, time.monotonic_ns())
+            self.channel.requeue(self.link, msg_id, delay, time.monotonic_ns())
         except ChannelError as exc:
             raise ProtocolError("E_REQ_FAILED", f"REQ {msg_id.decode('latin-1')} failed {exc}") from None
 
@@ -193,7 +221,7 @@ class V2Commands(Consumer):
         msg_id = self._message_id("TOUCH", params, 2)
         assert self.channel is not None
         try:
-            self.channel.touch(self, msg_id, time.monotonic_ns(), self.opts.max_msg_timeout)
+            self.channel.touch(self.link, msg_id, time.monotonic_ns(), self.opts.max_msg_timeout)
         except ChannelError as exc:
             raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {msg_id.decode('latin-1')} failed {exc}") from None
 
@@ -202,14 +230,14 @@ class V2Commands(Consumer):
             raise ProtocolError("E_INVALID", "cannot CLS in current state")
         self.rdy = 0
         self.state = STATE_CLOSING
-        self._send(CLOSE_WAIT_FRAME)
+        self.link.send(CLOSE_WAIT_FRAME)
 
     def _nop(self, params: list[bytes], body: Any) -> None:
         pass
 
     def _published(self, topic: str, count: int) -> None:
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
-        self._send(OK_FRAME)
+        self.link.send(OK_FRAME)
 
     def _check_pub(self, cmd: str, params: list[bytes]) -> str:
         topic = params[1].decode()
@@ -241,39 +269,11 @@ class V2Commands(Consumer):
             raise ProtocolError("E_DPUB_FAILED", f"DPUB failed {exc}") from None
         self._published(topic, 1)
 
-    # --- provided by the connection ---------------------------------------------------------
-    _out: bytearray  # message frames not written yet
 
-    def _send(self, frame: bytes) -> None:
-        """Write a response or error frame, behind any buffered messages."""
-        raise NotImplementedError
-
-    def _flush(self) -> None:
-        """Write the buffered message frames now."""
-        raise NotImplementedError
-
-    def _input_pending(self) -> bool:
-        """Bytes or commands were read beyond the one running."""
-        raise NotImplementedError
-
-    def _arm_heartbeat(self) -> None:
-        raise NotImplementedError
-
-    def _suspend(self, work: Coroutine[Any, Any, None]) -> None:
-        """Hold further commands and output until ``work`` is done."""
-        raise NotImplementedError
-
-    async def _upgrade_tls(self, compression: str, level: int) -> None:
-        raise NotImplementedError
-
-    def _compress(self, name: str, level: int) -> None:
-        raise NotImplementedError
-
-
-Handler = Callable[[V2Commands, list[bytes], Any], None]
+Handler = Callable[[Session, list[bytes], Any], None]
 COMMANDS: dict[bytes, Handler] = {
-    b"IDENTIFY": V2Commands._identify, b"SUB": V2Commands._sub, b"RDY": V2Commands._rdy,
-    b"FIN": V2Commands._fin, b"REQ": V2Commands._req, b"TOUCH": V2Commands._touch, b"CLS": V2Commands._cls,
-    b"NOP": V2Commands._nop, b"PUB": V2Commands._pub, b"MPUB": V2Commands._mpub, b"DPUB": V2Commands._dpub,
-    b"AUTH": V2Commands._auth,
+    b"IDENTIFY": Session._identify, b"SUB": Session._sub, b"RDY": Session._rdy,
+    b"FIN": Session._fin, b"REQ": Session._req, b"TOUCH": Session._touch, b"CLS": Session._cls,
+    b"NOP": Session._nop, b"PUB": Session._pub, b"MPUB": Session._mpub, b"DPUB": Session._dpub,
+    b"AUTH": Session._auth,
 }

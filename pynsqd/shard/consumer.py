@@ -4,8 +4,8 @@ The channel (``channel.py``) hands a consumer messages up to its ``capacity()`` 
 what it holds in flight), writes their frames straight into its ``output()`` buffer and then
 calls ``delivered(count)``, or, with a sample rate, passes the chosen messages to
 ``deliver``. It keeps the consumer's counters (``in_flight_count``, ``finish_count``,
-``requeue_count``) as FIN, REQ and timeouts happen, tells it when timers changed what it
-holds (``on_channel_timers``), and closes it when the channel is deleted.
+``requeue_count``) as FIN, REQ and timeouts happen, and closes it when the channel is
+deleted.
 """
 
 from __future__ import annotations
@@ -37,9 +37,6 @@ class Consumer(Protocol):
 
     def deliver(self, messages: list[tuple[bytes, int]]) -> None:
         """Frame and send these (record, attempts) pairs (sampled deliveries)."""
-
-    def on_channel_timers(self) -> None:
-        """Timeouts, deferred messages or an emptied channel changed what it holds."""
 
     def close_for_channel_delete(self) -> None:
         """Its channel was deleted: close the connection."""

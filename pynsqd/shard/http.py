@@ -5,7 +5,7 @@ Theory of operation
 ``NsqdHTTP`` is a plain ASGI app. ``POST /pub`` and ``POST /mpub`` — the paths that carry
 almost all HTTP traffic — are handled right here on raw ASGI messages: the body is read with
 its limit enforced as it arrives (``Content-Length`` first, then the bytes actually read) and
-the answer is two ``send`` calls. Everything else goes through an ``httpkit.Router``.
+the answer is two ``send`` calls. Everything else goes through an ``httpkit.RouteTable``.
 
 Responses follow nsqd's conventions: JSON with ``Content-Type: application/json;
 charset=utf-8``; errors as ``{"message": "<CODE>"}`` with nsqd's status and code, checked in
@@ -31,19 +31,18 @@ from pynsqd.httpkit import (
     NSQ_HEADER,
     TEXT_TYPE,
     HTTPError,
-    Router,
+    Match,
+    RouteTable,
     api_response,
     error_response,
     parse_query,
 )
-from pynsqd.node.config import LOG_LEVELS, NsqdOptions
+from pynsqd.node.config import NsqdOptions
 from pynsqd.options import config_value
-from pynsqd.shard.broker import Backpressure, Broker, BrokerError
-from pynsqd.shard.httppub import BUSY_RETRY, Later, Step
-from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
-from pynsqd.shard.metrics import exposition
+from pynsqd.shard.broker import RING_RETRY, Backpressure, Broker, BrokerError
+from pynsqd.shard.httppub import Later, Step
 from pynsqd.shard.pubgroup import PublishGroup
-from pynsqd.shard.stats import format_text, node_stats, stats_request
+from pynsqd.shared_flags import LOG_LEVELS
 from pynsqd.wire.commands import parse_mpub_body
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.names import is_valid_name
@@ -72,11 +71,9 @@ class NsqdHTTP:
         self.busy: tuple[type[Exception], ...] = (Backpressure,)  # a publish step to retry later
         self._queries: dict[bytes, tuple[dict[str, list[str]], str]] = {}
         self.group = PublishGroup(broker, opts.max_body_size)  # plain /pub, a batch per topic and loop turn
-        self.router: Router[Handler] = Router([
+        self.routes: RouteTable[Handler] = RouteTable([
             ("GET", "/ping", self.ping),
             ("GET", "/info", self.info_route),
-            ("GET", "/stats", self.stats),
-            ("GET", "/metrics", self.metrics),
             ("POST", "/topic/create", self.topic_create),
             ("POST", "/topic/delete", self.topic_delete),
             ("POST", "/topic/empty", self.topic_empty),
@@ -120,15 +117,10 @@ class NsqdHTTP:
         ``NOT_FOUND``, another method 405 ``METHOD_NOT_ALLOWED``; a path with a trailing slash
         whose route exists is redirected (307) to the path without it."""
         method, path = scope["method"], scope["path"]
-        match = self.router.match("GET" if method == "HEAD" else method, path)
+        match = self.routes.match("GET" if method == "HEAD" else method, path)
         request = Request({**scope, "path_params": match.params}, receive)
         if match.handler is None:
-            if match.allowed:
-                return error_response(405, "METHOD_NOT_ALLOWED")
-            bare = path.rstrip("/")
-            if path != "/" and bare != path and self.router.routes(bare):
-                return RedirectResponse(request.url.replace(path=bare))
-            return error_response(404, "NOT_FOUND")
+            return route_miss(self.routes, match, request) or error_response(404, "NOT_FOUND")
         try:
             response: Response = await match.handler(request)
         except HTTPError as exc:
@@ -235,23 +227,6 @@ class NsqdHTTP:
 
     async def info_route(self, request: Request) -> Response:
         return api_response({"version": NSQ_VERSION, **self.info})
-
-    async def stats(self, request: Request) -> Response:
-        params = parse_query(request.scope.get("query_string", b""))
-        fmt = params.get("format", [""])[0]
-        if fmt == "prometheus":
-            return self._metrics_response()
-        data = node_stats(self.broker, **stats_request(params))
-        if fmt == "json":
-            return api_response(data)
-        return api_response(format_text(data, start_ns=self.broker.start_ns))
-
-    async def metrics(self, request: Request) -> Response:
-        return self._metrics_response()
-
-    def _metrics_response(self) -> Response:
-        body = exposition(node_stats(self.broker, include_mem=False), self.opts.data_dir)
-        return Response(body, media_type=PROMETHEUS_TYPE)
 
     # --- topics and channels --------------------------------------------------------------
     def _params(self, request: Request) -> dict[str, list[str]]:
@@ -371,6 +346,19 @@ class NsqdHTTP:
             raise HTTPError(400, "INVALID_OPTION")
 
 
+def route_miss(table: RouteTable[Any], match: Match[Any], request: Request) -> Response | None:
+    """The answer to a request ``table`` has no handler for (``match``) when it has the path:
+    405 ``METHOD_NOT_ALLOWED`` for another method, a redirect (307) for the path with a
+    trailing slash; None when it does not know the path."""
+    if match.allowed:
+        return error_response(405, "METHOD_NOT_ALLOWED")
+    path = request.scope["path"]
+    bare = path.rstrip("/")
+    if path != "/" and bare != path and table.routes(bare):
+        return RedirectResponse(request.url.replace(path=bare))
+    return None
+
+
 async def _until_room(action: Callable[..., Later | None], *args: Any) -> None:
     """Run a publish step; while the owner shard's inbound ring is full, wait and retry; a
     step answered ``Later`` is waited for."""
@@ -379,7 +367,7 @@ async def _until_room(action: Callable[..., Later | None], *args: Any) -> None:
             later = action(*args)
             break
         except Backpressure:
-            await asyncio.sleep(BUSY_RETRY)
+            await asyncio.sleep(RING_RETRY)
     if later is not None:
         done: asyncio.Future[HTTPError | None] = asyncio.get_running_loop().create_future()
         later.add(done.set_result)

@@ -20,7 +20,7 @@ turn.
 Either way the body was buffered up to the route's limit (``None`` past it), then
 ``publisher.publish_steps`` (``NsqdHTTP``, transport-free) checks it in nsqd's order and
 yields the broker calls. A call that raises one of ``publisher.busy`` (the owner shard's
-inbound ring is full) stops the queue, stops reading, and is retried every ``BUSY_RETRY``
+inbound ring is full) stops the queue, stops reading, and is retried every ``RING_RETRY``
 seconds — never lost, never reordered. A call that returns a ``Later`` (a plain ``/pub``
 joins the loop turn's batch, ``pubgroup.py``) stops the queue until the ``Later`` finishes,
 at the end of the same turn, with the answer; reading goes on meanwhile. A ``Content-Length``
@@ -42,8 +42,8 @@ import orjson
 from pynsqd.httpconn import CLOCK, TEXT, ASGIApp, Connections, HTTPConnection
 from pynsqd.httpkit import JSON_TYPE, NSQ_HEADER, TEXT_TYPE, HTTPError
 from pynsqd.httpparse import Request
+from pynsqd.shard.broker import RING_RETRY
 
-BUSY_RETRY = 0.001  # seconds between tries of a publish step that found no room
 Step = tuple[Callable[..., Any], tuple[Any, ...]]  # a call: None, or a ``Later``; may raise one of ``busy``
 
 _PUBLISH_PATHS = (b"/pub", b"/mpub")
@@ -182,7 +182,7 @@ class PublishConnection(HTTPConnection):
         except publisher.busy:
             self.busy = True
             self.pause_reading()
-            asyncio.get_running_loop().call_later(BUSY_RETRY, self._retry, req, (pending, steps))
+            asyncio.get_running_loop().call_later(RING_RETRY, self._retry, req, (pending, steps))
             return
         except HTTPError as exc:
             self.write(req, exc.status, _JSON, orjson.dumps({"message": exc.message}))

@@ -1,6 +1,7 @@
-"""What a shard builds for the node: queues whose logs live in the node's shared-memory
-segments, and the static part of ``/info``. What the supervisor shares with it (data-path
-lock, disk backends, leftover segments) is in ``node/datapath.py``."""
+"""What a shard builds for the node: its broker, whose queues' logs live in the node's
+shared-memory segments with disk queues behind them, and the static part of ``/info``. What
+the supervisor shares with it (data-path lock, disk backends, leftover segments) is in
+``node/datapath.py``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import socket
 from typing import Any
 
 from pynsqd.node.config import NsqdOptions
-from pynsqd.shard.broker import QueueFactory
-from pynsqd.shard.queue import Backend, MessageQueue, segment_queue
+from pynsqd.node.datapath import make_backend
+from pynsqd.shard.backend import Backend
+from pynsqd.shard.broker import NO_HOOKS, Broker, BrokerHooks, QueueFactory, Router
+from pynsqd.shard.queue import MessageQueue, segment_queue
 from pynsqd.shm.sizing import Grower, Host, HostRoom, LogSizing, plan
 
 
@@ -27,6 +30,15 @@ def queue_factory(opts: NsqdOptions, sizing: LogSizing | None = None) -> QueueFa
             queue.grow = Grower(queue.segment, sizing.ceiling, room, f"{kind.upper()}({name})")
         return queue
     return make
+
+
+def make_broker(opts: NsqdOptions, sizing: LogSizing | None = None, *, shard: int = 0, shards: int = 1,
+                router: Router | None = None, hooks: BrokerHooks = NO_HOOKS,
+                start_ns: int | None = None) -> Broker:
+    """Shard ``shard``'s broker: its queues as ``queue_factory`` makes them, each durable one
+    with its disk queue (``node/datapath.make_backend``)."""
+    return Broker(opts, queue_factory(opts, sizing), lambda name: make_backend(opts, name), shard=shard,
+                  shards=shards, router=router, hooks=hooks, start_ns=start_ns)
 
 
 def node_info(opts: NsqdOptions, tcp_port: int, http_port: int, start_time: int) -> dict[str, Any]:

@@ -15,7 +15,8 @@ Theory of operation
 - ``/stats``, ``/metrics``: the supervisor collects every other shard's stats document and
   passes them on unparsed while this shard makes its own; this shard merges them into one
   node (``node/aggregate.py``); the formats (JSON, text, Prometheus) are rendered from that
-  one document by the same code a single shard uses.
+  one document by the same code a single shard uses. Only this app has these routes (GET and
+  HEAD; another method 405, a trailing slash redirected, as ``NsqdHTTP`` answers its own).
 - ``PUT /config/…``: applied here, then by the supervisor on every other shard (node-wide).
 - ``/ping``: the node's health — this shard's if it is not OK, else the first shard's that
   is not (asked through the supervisor), so a failing disk on any shard shows on every ``/ping``.
@@ -30,11 +31,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
+from starlette.requests import Request
 from starlette.responses import Response
 
-from pynsqd.httpkit import TEXT_TYPE, HTTPError, api_response, error_response, parse_query
+from pynsqd.httpkit import TEXT_TYPE, HTTPError, RouteTable, api_response, error_response, parse_query
 from pynsqd.node.aggregate import merge_stats
-from pynsqd.node.control import PROXY_WAIT, ControlChannel
+from pynsqd.node.control import CALL_WAIT, PROXY_WAIT, ControlChannel
 from pynsqd.node.messages import (
     Failed,
     Health,
@@ -46,7 +48,7 @@ from pynsqd.node.messages import (
     ShardDocuments,
     StatsRequest,
 )
-from pynsqd.shard.http import NsqdHTTP
+from pynsqd.shard.http import NsqdHTTP, route_miss
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
 from pynsqd.shard.stats import format_text, stats_request
@@ -54,7 +56,6 @@ from pynsqd.wire.names import is_valid_name
 
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
-PROXY_TIMEOUT = 30.0  # node-wide stats and health: every shard answers, or the supervisor skips it
 log = logging.getLogger("pynsqd.shard")
 
 
@@ -123,6 +124,10 @@ class NodeHTTP:
     def __init__(self, app: NsqdHTTP, shard: Shard) -> None:
         self.app = app
         self.shard = shard
+        self.routes: RouteTable[Callable[[dict[str, Any]], Awaitable[Response]]] = RouteTable([
+            ("GET", "/stats", self._stats),
+            ("GET", "/metrics", self._stats),
+        ])
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (self.app.tls_required_port and scope.get("scheme") != "https"):
@@ -131,10 +136,13 @@ class NodeHTTP:
         path = scope["path"]
         method = scope["method"]
         try:
-            if path in ("/stats", "/metrics") and method == "GET":
-                response = await self._stats(scope)
-                await response(scope, receive, send)
-                return
+            if path.startswith(("/stats", "/metrics")):
+                match = self.routes.match("GET" if method == "HEAD" else method, path)
+                response = (await match.handler(scope) if match.handler is not None
+                            else route_miss(self.routes, match, Request(scope, receive)))
+                if response is not None:
+                    await response(scope, receive, send)
+                    return
             if path == "/ping" and method == "GET" and self.app.broker.health == "OK":
                 health = await self._node_health()
                 if health != "OK":
@@ -155,7 +163,7 @@ class NodeHTTP:
 
     async def _node_health(self) -> str:
         try:
-            reply = await self.shard.control.call(HealthRequest(), wait=PROXY_TIMEOUT)
+            reply = await self.shard.control.call(HealthRequest(), wait=CALL_WAIT)
         except (ConnectionError, TimeoutError):
             return "OK"  # the supervisor is going away; this shard's own health stands
         return reply.health if isinstance(reply, Health) else "OK"
@@ -198,7 +206,7 @@ class NodeHTTP:
         request = StatsRequest(**stats_request(params), skip=self.shard.index)
         if prometheus:  # pynsqd's own figures are metrics too; Go's memory figures are not
             request = request.replace(include_mem=False, include_shards=True)
-        call = asyncio.ensure_future(self.shard.control.call(request, wait=PROXY_TIMEOUT))
+        call = asyncio.ensure_future(self.shard.control.call(request, wait=CALL_WAIT))
         await asyncio.sleep(0)  # the request is sent: the other shards make theirs while this one does
         own = self.shard.stats_document(request)
         try:

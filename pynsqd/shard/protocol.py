@@ -3,11 +3,12 @@
 Theory of operation
 -------------------
 ``data_received`` checks the magic once, feeds ``CommandParser`` and runs each command it
-returns through its handler (``commands.py``: the commands, their checks in nsqd's order,
-and the session state they change; ``ClientV2`` is the connection around them: bytes in and
-out, buffering, timers, upgrades, and what the channel calls). A ``ProtocolError`` becomes an
-error frame; a fatal one also closes the connection once everything queued before it has
-been written.
+returns through its handler on the connection's ``Session`` (``commands.py``: the commands,
+their checks in nsqd's order, and the session state they change). ``ClientV2`` is the
+connection around them: bytes in and out, buffering, timers, upgrades — the ``Link`` the
+session writes through — and the ``Consumer`` its channel delivers to (``consumer.py``). A
+``ProtocolError`` becomes an error frame; a fatal one also closes the connection once
+everything queued before it has been written.
 
 Output: message frames collect in ``_out`` and are written when the buffer reaches the
 negotiated ``output_buffer_size``, when the consumer has no room left (RDY reached), or
@@ -46,9 +47,9 @@ from pynsqd.node.identify import Settings
 from pynsqd.node.messages import ConnectionState
 from pynsqd.options import MS
 from pynsqd.shard.auth import AuthSession, NeedQuery
-from pynsqd.shard.broker import Backpressure, Broker
-from pynsqd.shard.commands import COMMANDS, STATE_CLOSING, STATE_SUBSCRIBED, Relayed, V2Commands
-from pynsqd.shard.transport import NO_TLS, CompressedTransport, peer_common_name, start_tls, tls_info
+from pynsqd.shard.broker import RING_RETRY, Backpressure, Broker
+from pynsqd.shard.commands import COMMANDS, STATE_CLOSING, STATE_SUBSCRIBED, Relayed, Session
+from pynsqd.shard.transport import CompressedTransport, peer_common_name, start_tls, tls_info
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import FIN_RUN, Command, CommandParser, encode_command
 from pynsqd.wire.compression import Codec, CompressionError, make_codec
@@ -67,24 +68,29 @@ _MSG_HEADER = struct.Struct(">ii")
 _ATTEMPTS = struct.Struct(">H")
 _pack_header = _MSG_HEADER.pack
 _pack_attempts_into = _ATTEMPTS.pack_into
-STALL_RETRY = 0.001  # seconds between tries to put into a full cross-shard ring
 
 
-class ClientV2(V2Commands, asyncio.Protocol):
-    """One client connection speaking protocol V2."""
+class ClientV2(asyncio.Protocol):
+    """One client connection speaking protocol V2: the ``Link`` of its ``session`` and the
+    ``Consumer`` of the channel it subscribes to."""
 
     _next_id = 0
 
     def __init__(self, broker: Broker, opts: NsqdOptions, tls_ctx: ssl.SSLContext | None = None,
                  handoff: tuple[ConnectionState, bytes] | None = None) -> None:
-        super().__init__(broker, opts)
+        self.broker = broker
+        self.opts = opts
+        self.session = Session(self, broker, opts)
+        self.in_flight_count = 0  # messages of ours the channel holds in flight
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
         self._handoff = handoff  # (state, unread bytes) of a connection adopted from elsewhere
         self._unreplayed = b""  # handed-over bytes not yet fed to the parser
-        self._stalled = False  # the next command waits for room in another shard's ring
-        self._stall_timer: asyncio.TimerHandle | None = None
+        self._ring_full = False  # the next command waits for room in another shard's ring
+        self._ring_timer: asyncio.TimerHandle | None = None
         self.tls_ctx = tls_ctx
         self._tls_required = opts.tls_required != "false"
-        self.tls_info = NO_TLS
         self._decoder: Codec | None = None
         self._events: deque[Command | ProtocolError] = deque()
         self._suspended = False  # an upgrade or auth query is running: hold commands and output
@@ -105,7 +111,11 @@ class ClientV2(V2Commands, asyncio.Protocol):
         self._responded = False  # ... and one did: flush when they are done
 
     def __repr__(self) -> str:
-        return f"<ClientV2 {self.remote_address}>"
+        return f"<ClientV2 {self.session.remote_address}>"
+
+    @property
+    def remote_address(self) -> str:
+        return self.session.remote_address
 
     # --- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -115,16 +125,17 @@ class ClientV2(V2Commands, asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         host = str(peer[0]) if isinstance(peer, tuple) else "unix"
-        self.remote_address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "unix")
-        self.settings = Settings.defaults(self.opts, host)
-        self.auth = AuthSession(self.opts, host)
+        session = self.session
+        session.remote_address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "unix")
+        session.settings = Settings.defaults(self.opts, host)
+        session.auth = AuthSession(self.opts, host)
         self.broker.clients.add(self)
         handoff, self._handoff = self._handoff, None
         if handoff is not None:
             self._adopt(*handoff)
         if self._out:  # frames a replaced shard had not written yet (``restore_session``)
-            self._flush()
-        self._arm_heartbeat()
+            self.flush()
+        self.arm_heartbeat()
         log.debug("TCP: new client(%s)", self.remote_address)
         if handoff is not None and handoff[1]:
             # Replay the handed-over bytes once the transport is fully started: an upgrade
@@ -139,22 +150,23 @@ class ClientV2(V2Commands, asyncio.Protocol):
 
     def _adopt(self, state: ConnectionState, unread: bytes) -> None:
         """Take over what the supervisor (or another shard) already did on this connection."""
+        session = self.session
         if state.remote:
-            self.remote_address = state.remote
+            session.remote_address = state.remote
         if state.settings is not None:
-            self.settings = state.settings
+            session.settings = state.settings
         if state.magic:
             self._magic = MAGIC_V2
-        self.pub_counts.update(state.pub_counts)
+        session.pub_counts.update(state.pub_counts)
         # A relayed connection: TLS and compression stay on the relaying shard's side of the
         # pump (it decodes and encodes); they show in this shard's stats and satisfy
         # --tls-required here, and the AUTH session carries over.
         if state.tls:
-            self.tls = True
-            self.tls_info = dict(state.tls)
-        self.compression = state.compression
-        if state.auth and self.auth is not None:
-            self.auth.restore(state.auth)
+            session.tls = True
+            session.tls_info = dict(state.tls)
+        session.compression = state.compression
+        if state.auth and session.auth is not None:
+            session.auth.restore(state.auth)
 
     @property
     def decoder(self) -> Codec | None:
@@ -163,10 +175,12 @@ class ClientV2(V2Commands, asyncio.Protocol):
 
     def relay_state(self) -> ConnectionState:
         """What ``_adopt`` takes over on the shard this connection is relayed to."""
-        auth = self.auth.export() if self.auth is not None else None
-        return ConnectionState(magic=True, remote=self.remote_address, settings=dataclasses.replace(self.settings),
-                               pub_counts=dict(self.pub_counts), tls=self.tls_info if self.tls else None,
-                               compression=self.compression, auth=auth)
+        session = self.session
+        auth = session.auth.export() if session.auth is not None else None
+        return ConnectionState(magic=True, remote=session.remote_address,
+                               settings=dataclasses.replace(session.settings), pub_counts=dict(session.pub_counts),
+                               tls=session.tls_info if session.tls else None, compression=session.compression,
+                               auth=auth)
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
@@ -209,43 +223,44 @@ class ClientV2(V2Commands, asyncio.Protocol):
             self._batching = False
             if self._responded:
                 self._responded = False
-                self._flush()
+                self.flush()
 
     def _run_commands(self) -> None:
         events = self._events
-        while events and not self._suspended and not self._stalled and not self._closing:
+        session = self.session
+        while events and not self._suspended and not self._ring_full and not self._closing:
             event = events.popleft()
             if isinstance(event, ProtocolError):
                 self._fatal(event)
                 return
             name, params, body = event
             if name is FIN_RUN:  # several FINs read at once (the parser's fast path)
-                if (self.state not in (STATE_SUBSCRIBED, STATE_CLOSING) or self.channel is None
-                        or (self._tls_required and not self.tls)):
+                if (session.state not in (STATE_SUBSCRIBED, STATE_CLOSING) or session.channel is None
+                        or (self._tls_required and not session.tls)):
                     # not the common case: one at a time, for each one's own error
                     events.extendleft([(b"FIN", [b"FIN", msg_id], None) for msg_id in reversed(params)])
                 else:
-                    self._fin_many(params)
+                    session.fin_many(params)
                 continue
             handler = COMMANDS.get(name)
             try:
-                if self._tls_required and not self.tls and name != b"IDENTIFY":
+                if self._tls_required and not session.tls and name != b"IDENTIFY":
                     raise ProtocolError("E_INVALID", f"cannot {name.decode('utf-8', 'surrogateescape')} "
                                         "in current state (TLS required)")
                 if handler is None:
                     raise ProtocolError("E_INVALID", f"invalid command {name.decode('utf-8', 'surrogateescape')}")
-                handler(self, params, body)
+                handler(session, params, body)
             except NeedQuery:
                 events.appendleft(event)
-                self._suspend(self._query_auth())
+                self.suspend(self._query_auth())
             except Backpressure:
                 events.appendleft(event)
-                self._stall()
+                self._wait_for_ring()
                 return
             except Relayed as relayed:
                 assert self.broker.router is not None
                 events.appendleft(event)
-                self._flush()  # the answers before it, ahead of the relayed stream
+                self.flush()  # the answers before it, ahead of the relayed stream
                 self.broker.router.relay(self, relayed.owner, self.pending_input(events))
                 return
             except ProtocolError as exc:
@@ -253,42 +268,43 @@ class ClientV2(V2Commands, asyncio.Protocol):
                     self._fatal(exc)
                     return
                 log.debug("client(%s) %s", self.remote_address, exc.text)
-                self._send(encode_frame(FRAME_ERROR, exc.encode_text()))
+                self.send(encode_frame(FRAME_ERROR, exc.encode_text()))
 
-    def _stall(self) -> None:
+    def _wait_for_ring(self) -> None:
         """Another shard's inbound ring is full: stop reading, retry the held commands soon."""
-        self._stalled = True
+        self._ring_full = True
         if self.transport is not None:
             self.transport.pause_reading()
-        self._stall_timer = asyncio.get_running_loop().call_later(STALL_RETRY, self._unstall)
+        self._ring_timer = asyncio.get_running_loop().call_later(RING_RETRY, self._ring_retry)
 
-    def _unstall(self) -> None:
-        self._stall_timer = None
-        self._stalled = False
+    def _ring_retry(self) -> None:
+        self._ring_timer = None
+        self._ring_full = False
         if self._closing:
             return
         self._run_events()
-        if (not self._stalled and not self._closing and not self._suspended and not self._write_paused_at
+        if (not self._ring_full and not self._closing and not self._suspended and not self._write_paused_at
                 and self.transport is not None):
             self.transport.resume_reading()
 
     def stop_delivery(self) -> None:
         """Shutdown: no more messages (as after CLS); FIN, REQ and TOUCH still work."""
-        if self.state == STATE_SUBSCRIBED:
-            self.rdy = 0
-            self.state = STATE_CLOSING
-            self._flush()
+        session = self.session
+        if session.state == STATE_SUBSCRIBED:
+            session.rdy = 0
+            session.state = STATE_CLOSING
+            self.flush()
 
     def detach(self) -> None:
         """Stop serving this connection without closing it (it is relayed elsewhere now)."""
         self._closing = True
-        for timer in (self._flush_timer, self._heartbeat_timer, self._stall_timer):
+        for timer in (self._flush_timer, self._heartbeat_timer, self._ring_timer):
             if timer is not None:
                 timer.cancel()
         self.broker.clients.discard(self)
         self.broker.stuck.discard(self)
 
-    def _input_pending(self) -> bool:
+    def input_pending(self) -> bool:
         return bool(self._events) or bool(self._parser.buffered)
 
     def pending_input(self, events: deque[Command | ProtocolError]) -> bytes:
@@ -300,12 +316,12 @@ class ClientV2(V2Commands, asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._events.clear()
-        for timer in (self._flush_timer, self._heartbeat_timer, self._stall_timer):
+        for timer in (self._flush_timer, self._heartbeat_timer, self._ring_timer):
             if timer is not None:
                 timer.cancel()
         self.broker.clients.discard(self)
         self.broker.stuck.discard(self)
-        channel = self.channel
+        channel = self.session.channel
         if channel is not None:
             channel.remove_consumer(self, time.monotonic_ns())
             self.broker.consumer_left(channel)
@@ -320,13 +336,13 @@ class ClientV2(V2Commands, asyncio.Protocol):
     def resume_writing(self) -> None:
         self._write_paused_at = 0
         self.broker.stuck.discard(self)
-        if self.transport is not None and not self._closing and not self._suspended and not self._stalled:
+        if self.transport is not None and not self._closing and not self._suspended and not self._ring_full:
             self.transport.resume_reading()
-        if self.channel is not None:
-            self.channel.notify_ready()
+        if self.session.channel is not None:
+            self.session.channel.notify_ready()
 
     # --- writing --------------------------------------------------------------------------
-    def _send(self, frame: bytes) -> None:
+    def send(self, frame: bytes) -> None:
         """Write a response/error frame now, behind any buffered messages (or, while a read's
         commands run, once they have all run: one write for a pipelining client)."""
         if self.transport is None or self._closing:
@@ -336,11 +352,11 @@ class ClientV2(V2Commands, asyncio.Protocol):
             self._responded = True
         elif self._out or self._suspended:
             self._out += frame
-            self._flush()
+            self.flush()
         else:
             self.transport.write(frame)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
@@ -351,7 +367,7 @@ class ClientV2(V2Commands, asyncio.Protocol):
 
     def _fatal(self, exc: ProtocolError) -> None:
         log.error("client(%s) - %s", self.remote_address, exc.text)
-        self._send(encode_frame(FRAME_ERROR, exc.encode_text()))
+        self.send(encode_frame(FRAME_ERROR, exc.encode_text()))
         self.close()
 
     def close(self) -> None:
@@ -370,16 +386,17 @@ class ClientV2(V2Commands, asyncio.Protocol):
     # --- what the channel calls -----------------------------------------------------------
     @property
     def msg_timeout(self) -> int:
-        return self.settings.msg_timeout
+        return self.session.settings.msg_timeout
 
     @property
     def sample_rate(self) -> int:
-        return self.settings.sample_rate
+        return self.session.settings.sample_rate
 
     def capacity(self) -> int:
-        if self.state != STATE_SUBSCRIBED or self._write_paused_at or self._closing:
+        session = self.session
+        if session.state != STATE_SUBSCRIBED or self._write_paused_at or self._closing:
             return 0
-        return self.rdy - self.in_flight_count
+        return session.rdy - self.in_flight_count
 
     def output(self) -> bytearray:
         """The buffer message frames go to; call ``delivered`` after appending to it."""
@@ -399,22 +416,19 @@ class ClientV2(V2Commands, asyncio.Protocol):
         """``count`` message frames were appended to ``output()``: flush as nsqd would."""
         self.message_count += count
         out = self._out
-        settings = self.settings
+        settings = self.session.settings
         if len(out) >= settings.output_buffer_size or self.capacity() <= 0:
-            self._flush()
+            self.flush()
         elif self._flush_timer is None and settings.output_buffer_timeout:
             loop = asyncio.get_running_loop()
-            self._flush_timer = loop.call_later(settings.output_buffer_timeout / 1e9, self._flush)
-
-    def on_channel_timers(self) -> None:
-        """Messages of ours timed out or were emptied: we may have room again."""
+            self._flush_timer = loop.call_later(settings.output_buffer_timeout / 1e9, self.flush)
 
     def close_for_channel_delete(self) -> None:
         self.close()
 
     def check_deadlines(self, now: int) -> None:
         """Called every scan: nsqd's read deadline (2 heartbeats) and write deadline (1)."""
-        hb = self.settings.heartbeat_interval
+        hb = self.session.settings.heartbeat_interval
         if not hb or self._closing:
             return
         if now - self._last_read > 2 * hb:
@@ -426,19 +440,19 @@ class ClientV2(V2Commands, asyncio.Protocol):
                 self._closing = True
                 self.transport.abort()
 
-    def _arm_heartbeat(self) -> None:
+    def arm_heartbeat(self) -> None:
         if self._heartbeat_timer is not None:
             self._heartbeat_timer.cancel()
             self._heartbeat_timer = None
-        hb = self.settings.heartbeat_interval
+        hb = self.session.settings.heartbeat_interval
         if hb and not self._closing:
             loop = asyncio.get_running_loop()
             self._heartbeat_timer = loop.call_later(hb / 1e9, self._heartbeat)
 
     def _heartbeat(self) -> None:
         self._heartbeat_timer = None
-        self._send(HEARTBEAT_FRAME)
-        self._arm_heartbeat()
+        self.send(HEARTBEAT_FRAME)
+        self.arm_heartbeat()
 
     # --- a shard's replacement (``transfer.py``) --------------------------------------------
     @property
@@ -470,13 +484,14 @@ class ClientV2(V2Commands, asyncio.Protocol):
         if len(self._magic) < 4:
             state = dataclasses.replace(state, magic=False)
             unread = self._magic + unread
-        channel = self.channel
-        session = {"state": self.state, "topic": channel.topic_name if channel else "",
-                   "channel": channel.name if channel else "", "rdy": self.rdy,
+        channel = self.session.channel
+        session = {"state": self.session.state, "topic": channel.topic_name if channel else "",
+                   "channel": channel.name if channel else "", "rdy": self.session.rdy,
                    "message_count": self.message_count, "finish_count": self.finish_count,
-                   "requeue_count": self.requeue_count, "connect_ts": self.connect_ts, "last_read": self._last_read}
+                   "requeue_count": self.requeue_count, "connect_ts": self.session.connect_ts,
+                   "last_read": self._last_read}
         out = bytes(self._out)
-        self.channel = None
+        self.session.channel = None
         self.detach()
         self.transport.abort()  # closes this process's descriptor only
         return fd, state, session, out, unread
@@ -485,20 +500,20 @@ class ClientV2(V2Commands, asyncio.Protocol):
         """Before the connection is made here: carry on from ``hand_over`` of a replaced
         shard (the caller subscribes it to its channel again)."""
         if state.settings is not None:
-            self.settings = state.settings
-        self.state = int(session["state"])
-        self.rdy = int(session["rdy"])
+            self.session.settings = state.settings
+        self.session.state = int(session["state"])
+        self.session.rdy = int(session["rdy"])
         self.message_count = int(session["message_count"])
         self.finish_count = int(session["finish_count"])
         self.requeue_count = int(session["requeue_count"])
-        self.connect_ts = int(session["connect_ts"])
+        self.session.connect_ts = int(session["connect_ts"])
         self._last_read = int(session["last_read"])
         self._out = bytearray(out)
 
     # --- suspending the command stream: upgrades and auth queries --------------------------
-    def _suspend(self, work: Coroutine[Any, Any, None]) -> None:
+    def suspend(self, work: Coroutine[Any, Any, None]) -> None:
         """Hold commands and output until ``work`` (a coroutine) is done, then carry on."""
-        self._flush()  # what was answered before goes out first (an IDENTIFY before its TLS)
+        self.flush()  # what was answered before goes out first (an IDENTIFY before its TLS)
         self._suspended = True
         assert self.transport is not None
         self.transport.pause_reading()
@@ -513,16 +528,17 @@ class ClientV2(V2Commands, asyncio.Protocol):
             self._last_read = time.monotonic_ns()  # a handshake or query is not client silence
         if self._closing or self.transport is None:
             return
-        self._flush()
+        self.flush()
         if not self._write_paused_at:
             self.transport.resume_reading()
         self._run_events()
 
     async def _query_auth(self) -> None:
-        assert self.auth is not None and self.transport is not None
-        await self.auth.query(self.tls, peer_common_name(self.transport) if self.tls else "")
+        session = self.session
+        assert session.auth is not None and self.transport is not None
+        await session.auth.query(session.tls, peer_common_name(self.transport) if session.tls else "")
 
-    async def _upgrade_tls(self, compression: str, level: int) -> None:
+    async def upgrade_tls(self, compression: str, level: int) -> None:
         assert self.transport is not None and self.tls_ctx is not None
         try:
             self.transport = await start_tls(self.transport, self, self.tls_ctx)
@@ -532,21 +548,21 @@ class ClientV2(V2Commands, asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()
             return
-        self.tls = True
-        self.tls_info = tls_info(self.transport)
+        self.session.tls = True
+        self.session.tls_info = tls_info(self.transport)
         self._suspended = False
         held, self._out = self._out, bytearray()  # a heartbeat due during the handshake
-        self._send(OK_FRAME)
+        self.send(OK_FRAME)
         if compression:
-            self._compress(compression, level)
+            self.compress(compression, level)
         self._out += held
 
-    def _compress(self, name: str, level: int) -> None:
+    def compress(self, name: str, level: int) -> None:
         assert self.transport is not None
-        self._flush()  # the IDENTIFY response, uncompressed
+        self.flush()  # the IDENTIFY response, uncompressed
         log.info("PROTOCOL(V2): [%s] upgrading connection to %s", self.remote_address, name)
         codec = make_codec(name, level)
         self.transport = cast(asyncio.Transport, CompressedTransport(self.transport, codec))
         self._decoder = codec
-        self.compression = name
-        self._send(OK_FRAME)
+        self.session.compression = name
+        self.send(OK_FRAME)

@@ -21,7 +21,7 @@ opens a batch again; a batch is joined by whatever comes in its turn, and as soo
 holds more than one body the group batches every request again.
 
 A batch whose owner's inbound ring is full (``Backpressure``) is published again every
-``BUSY_RETRY`` with the same body list (so a batch stored in part resumes after what went
+``RING_RETRY`` with the same body list (so a batch stored in part resumes after what went
 in, never twice), its connections waiting; later joins go to a new batch. A batch stops
 taking bodies at ``limit`` bytes (``--max-body-size``, the most one ``/mpub`` stores at
 once); the next join for its topic opens another.
@@ -33,8 +33,8 @@ import asyncio
 import logging
 
 from pynsqd.httpkit import HTTPError
-from pynsqd.shard.broker import Backpressure, Broker, BrokerError
-from pynsqd.shard.httppub import BUSY_RETRY, Later
+from pynsqd.shard.broker import RING_RETRY, Backpressure, Broker, BrokerError
+from pynsqd.shard.httppub import Later
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -108,7 +108,7 @@ class PublishGroup:
         try:
             self.broker.publish(batch.topic, batch.bodies)
         except Backpressure:
-            asyncio.get_running_loop().call_later(BUSY_RETRY, self._publish, batch)
+            asyncio.get_running_loop().call_later(RING_RETRY, self._publish, batch)
             return
         except BrokerError as exc:
             log.error("HTTP publish to %s failed - %s", batch.topic, exc)

@@ -18,24 +18,16 @@ released. When the log is out of room while most of it is DONE behind a long-liv
 at the front, ``make_room`` moves that record to the write end (``on_move`` tells the
 owner, which holds positions of in-flight and deferred messages).
 
-A durable queue (one with a ``sidecar`` path) leaves nothing in shared memory on a clean
-``close`` (``_persist``, step 3 of docs/architecture.md's "Clean shutdown"): the segment is
-unlinked only once its records are on disk, so a kill -9 in between gives duplicates, never
-loss, and a reboot after a clean stop loses nothing. A deferred message
-that finds no room in the log while the process runs is appended to the queue's journal
-(``pynsqd.shm.sidecar``) before it is acknowledged; the owner holds it in memory and the
-journal goes once all of its messages are stored elsewhere. After a restart the owner adopts
+A durable queue (one with ``files``, its sidecar and journal: ``deferredfiles.py``) leaves
+nothing in shared memory on a clean ``close`` (``_persist``, step 3 of docs/architecture.md's
+"Clean shutdown"): the segment is unlinked only once its records are on disk, so a kill -9
+in between gives duplicates, never loss, and a reboot after a clean stop loses nothing. A
+deferred message that finds no room in the log while the process runs is journaled before it
+is acknowledged; the owner holds it in memory meanwhile. After a restart the owner adopts
 the log in steps while it serves (``start_recovery``, then ``recover_step`` until it says
 done: ``pynsqd.shm.logrecovery`` says what holds meanwhile); ``start_recovery`` loads the
 sidecar and the journal back as deferred records (after the segment's own records).
-Spilled messages are read back with the backend's peek, stored in the log, then committed;
-when fewer fit than were read, only those are committed and the rest stay on disk, at the
-front, to be read again (nothing is written back, so a failing disk cannot lose them).
-The disk queue persists its read position only when it syncs, so the queue keeps it in its
-segment too (``pynsqd.shm.store.BackendMark``): before each append of a refill, the position
-past it with the log's write index; after the commit, the committed position. The end of
-the recovery hands the backend the position that matches the log (``DiskQueue.skip_to``), so
-a kill -9 at any point reads no refilled message a second time.
+Spilled messages come back into the log through ``refill.py``, exactly once across a kill -9.
 
 A cross-shard batch (``put_many`` or ``append`` with a ``Unit``) may be applied again: the
 queue skips the messages of it that it holds (``shard/unit.py``: its ``Tally``, kept in its
@@ -49,79 +41,20 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Container, Sequence
-from typing import Any, Protocol
+from typing import Any
 
+from pynsqd.shard.backend import Backend, DropBackend
+from pynsqd.shard.deferredfiles import DeferredFiles
+from pynsqd.shard.refill import Refill
 from pynsqd.shard.unit import Tally, Unit
 from pynsqd.shm import sidecar as sidecar_file
 from pynsqd.shm.frames import Frames, RingError
 from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, READY_HEADER, MessageLog
 from pynsqd.shm.logrecovery import Deferred, LogScan
 from pynsqd.shm.segment import Segment
-from pynsqd.shm.store import ApplyMark, BackendMark, Position, open_log
+from pynsqd.shm.store import ApplyMark, open_log
 
 logger = logging.getLogger("pynsqd.shard")
-
-
-class Backend(Protocol):
-    """What a queue needs from the storage behind memory (see ``pynsqd.shm.diskqueue``)."""
-
-    @property
-    def depth(self) -> int: ...
-    def put_many(self, records: Sequence[bytes]) -> None: ...
-    def peek_many(self, max_count: int) -> list[bytes]: ...
-    def commit(self, count: int | None = None) -> None: ...
-    @property
-    def read_position(self) -> Position | None: ...
-    @property
-    def committed_position(self) -> Position | None: ...
-    def skip_to(self, position: Position) -> int: ...
-    @property
-    def write_position(self) -> Position: ...
-    def records_after(self, position: Position) -> int: ...
-    def empty(self) -> None: ...
-    def delete(self) -> None: ...
-    def close(self) -> None: ...
-    def release(self) -> None: ...
-
-
-class DropBackend:
-    """The backend of ``#ephemeral`` topics and channels: overflow is dropped, never stored."""
-
-    depth = 0
-
-    def __init__(self) -> None:
-        self.dropped = 0
-
-    def put_many(self, records: Sequence[bytes]) -> None:
-        self.dropped += len(records)
-
-    def peek_many(self, max_count: int) -> list[bytes]:
-        return []
-
-    def commit(self, count: int | None = None) -> None:
-        pass
-
-    read_position = committed_position = None
-
-    def skip_to(self, position: Position) -> int:
-        return 0
-
-    write_position = (0, 0)
-
-    def records_after(self, position: Position) -> int:
-        return 0
-
-    def empty(self) -> None:
-        pass
-
-    def delete(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
 
 
 RELEASE_EVERY = 256
@@ -134,17 +67,14 @@ class MessageQueue:
     """Ready messages in a shared-memory log, then the backend. ``put_many`` may raise the
     backend's error (then nothing was stored)."""
 
-    __slots__ = ("_applied", "_done", "_mark", "again", "backend", "cursor", "grow", "journal", "journaled",
-                 "largest", "limit", "live", "log", "on_move", "ready", "recovering", "scan", "segment", "shifted",
-                 "sidecar", "tally")
+    __slots__ = ("_applied", "_done", "again", "backend", "cursor", "files", "grow", "limit", "live", "log", "on_move",
+                 "ready", "recovering", "refill", "scan", "segment", "shifted", "tally")
 
     def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
                  recovering: bool = False, sidecar: str | None = None) -> None:
         self.log = log
-        self.sidecar = sidecar  # where deferred messages wait across a clean exit (durable only)
-        # where deferred messages without room in the log wait while this process runs
-        self.journal = None if sidecar is None else sidecar_file.journal_of(sidecar)
-        self.journaled = 0  # messages in the journal not yet stored elsewhere
+        # where deferred messages wait outside the log (durable queues only)
+        self.files = None if sidecar is None else DeferredFiles(sidecar)
         self.recovering = recovering  # the owner calls ``start_recovery`` first
         self.scan: LogScan | None = None  # while the log a previous process left is walked
         self.shifted = 0  # how far the log's indices moved back in all (growth), for walkers
@@ -157,10 +87,8 @@ class MessageQueue:
         self.live = 0
         self._done = 0
         self.on_move: MoveHook | None = None
-        self.largest = 4096  # the largest message seen coming back from the backend
         self.grow: Grow | None = None  # makes the log larger (``shm/sizing.Grower``), if it may
-        # where the backend has been read up to, kept in shared memory (durable queues only)
-        self._mark = None if segment is None or isinstance(backend, DropBackend) else BackendMark(segment)
+        self.refill = Refill(backend, segment)
         # how much of the last cross-shard batch put here it holds (``shard/unit.py``), and the same in the segment
         self.tally = Tally()
         self._applied = None if segment is None or isinstance(backend, DropBackend) else ApplyMark(segment)
@@ -191,11 +119,19 @@ class MessageQueue:
         if self._applied is not None:  # first: nothing below may append before it counts
             self.tally = self._recovered_tally(self._applied)
         # the mark says where the backend resumes given the log's write index as it was left
-        self.scan = LogScan(self.log, None if self._mark is None else self._mark.load(self.log.write_index))
+        self.scan = LogScan(self.log, self.refill.resume_position(self.log.write_index))
         self.cursor = self.log.read_index
-        if self.sidecar is not None and self.journal is not None:
-            return self._load_files(self.sidecar, self.journal)
+        if self.files is not None:
+            return self.files.load(self._place_loaded)
         return []
+
+    def _place_loaded(self, message: bytes, due: int) -> int | None:
+        """A deferred message of the sidecar or journal, into the log (no ``make_room``: the
+        owner does not know the recovered positions yet)."""
+        pos = self.log.append(message, DEFERRED, due)
+        if pos is not None:
+            self.live += 1
+        return pos
 
     def recover_step(self, max_count: int) -> Deferred:
         """Recover up to ``max_count`` more records of the log: the deferred ones found
@@ -209,14 +145,7 @@ class MessageQueue:
         self.live += live
         if scan.done:
             self.scan = None
-            self._skip_backend(scan)
-        return deferred
-
-    def recover(self) -> Deferred:
-        """``start_recovery`` and every ``recover_step`` at once: all the deferred messages."""
-        deferred = self.start_recovery()
-        while self.scan is not None:
-            deferred += self.recover_step(1 << 20)
+            self.refill.skip_to(scan.resume)
         return deferred
 
     def _recovered_tally(self, mark: ApplyMark) -> Tally:
@@ -232,41 +161,10 @@ class MessageQueue:
             except RingError as exc:  # never: nothing moves the log's indices back before it
                 logger.error("%r: cannot count an interrupted append - %s", self.log, exc)
             held += self.backend.records_after(backend)
-            if journal >= 0 and self.journal is not None:
-                held += sidecar_file.journal_records_after(self.journal, journal)
+            if journal >= 0 and self.files is not None:
+                held += sidecar_file.journal_records_after(self.files.journal, journal)
             mark.save(src, first, held)
         return Tally(src, first, held)
-
-    def _skip_backend(self, scan: LogScan) -> None:
-        """The log proved whole: the backend's metadata may be older than the mark kept in
-        shared memory, so skip what the log holds (had the log been corrupt, they would be
-        read again from the backend)."""
-        if scan.resume is not None:
-            self.backend.skip_to(scan.resume)
-
-    def _load_files(self, path: str, journal: str) -> list[tuple[int, int, bytes]]:
-        """The deferred messages of the sidecar (a clean exit) and of the journal (no room
-        while running), appended to the log (no ``make_room``: the owner does not know the
-        recovered positions yet). Those still without room become the journal; then the
-        sidecar is removed (a crash in between loads some twice, never loses one)."""
-        out = []
-        unplaced = []
-        for due, message in sidecar_file.read(path, logger) + sidecar_file.read_journal(journal, logger):
-            pos = self.log.append(message, DEFERRED, due)
-            if pos is None:
-                unplaced.append((due, message))
-            else:
-                self.live += 1
-            out.append((-1 if pos is None else pos, due, message))
-        if out or os.path.exists(journal):  # rewritten: no torn tail left to append behind
-            try:
-                sidecar_file.write_journal(journal, unplaced)
-                self.journaled = len(unplaced)
-                sidecar_file.remove(path)
-            except OSError as exc:  # kept: loaded again next time (a duplicate, never a loss)
-                logger.error("failed to rewrite %s - %s", journal, exc)
-                self.journaled = len(out)
-        return out
 
     # --- in ---------------------------------------------------------------------------
     def put_many(self, records: Sequence[bytes], unit: Unit | None = None) -> None:
@@ -346,9 +244,9 @@ class MessageQueue:
         part = records if room >= len(records) else records[:room]
         need = 31 * len(part) + sum(map(len, part))  # frames are at most 31 bytes more
         if log.free_bytes < need and not self.make_room(need):
-            self._grow(need)
+            self.make_larger(need)
         mark = log.mark()
-        if unit is not None:  # after ``make_room`` and ``_grow``: they move the log's end
+        if unit is not None:  # after ``make_room`` and ``make_larger``: they move the log's end
             self._open_unit(unit, held)
         n = log.append_ready(part)
         if n < len(records):
@@ -359,9 +257,6 @@ class MessageQueue:
                 raise
         self.ready += n
         self.live += n
-
-    def put(self, record: bytes) -> None:
-        self.put_many((record,))
 
     def append(self, record: bytes, state: int, due: int, unit: Unit | None = None) -> int | None:
         """Store one deferred record (``due`` wall-clock ns); its position, or None without
@@ -376,17 +271,16 @@ class MessageQueue:
             if unit is not None:
                 self._open_unit(unit, held)
             pos = log.append(record, state, due)
-            if pos is None and (self.make_room(frame) or self._grow(frame)):
+            if pos is None and (self.make_room(frame) or self.make_larger(frame)):
                 if unit is not None:
                     self._open_unit(unit, held)
                 pos = log.append(record, state, due)
             if pos is not None:
                 self.live += 1
-            elif self.journal is not None:
+            elif self.files is not None:
                 if unit is not None:
-                    self._open_unit(unit, held, sidecar_file.journal_size(self.journal))
-                sidecar_file.append_journal(self.journal, due, record)
-                self.journaled += 1
+                    self._open_unit(unit, held, sidecar_file.journal_size(self.files.journal))
+                self.files.hold(due, record)
         except Exception:
             if unit is not None:
                 self._close_unit(unit, held)
@@ -400,22 +294,8 @@ class MessageQueue:
         """``messages`` that ``append`` journaled are stored elsewhere now (the log, the
         backend, a channel): struck off the journal (one write), which is removed when none
         is left."""
-        if self.journal is None or not messages or not self.journaled:
-            return
-        self.journaled = max(0, self.journaled - len(messages))
-        if not self.journaled:
-            self._remove(self.journal)
-            return
-        try:
-            sidecar_file.strike_journal(self.journal, messages)
-        except OSError as exc:  # loaded again next time (a duplicate, never a loss)
-            logger.error("failed to update %s - %s", self.journal, exc)
-
-    def _remove(self, path: str) -> None:
-        try:
-            sidecar_file.remove(path)
-        except OSError as exc:  # kept: loaded again next time (a duplicate, never a loss)
-            logger.error("failed to remove %s - %s", path, exc)
+        if self.files is not None:
+            self.files.strike(messages)
 
     # --- out --------------------------------------------------------------------------
     def mark_in_flight(self, pos: int, attempts: int) -> None:
@@ -463,7 +343,8 @@ class MessageQueue:
         process's own runs: the caller waited for ``scanning`` to end)."""
         tally = self.tally
         return {"ready": self.ready, "live": self.live, "cursor": self.cursor, "again": list(self.again),
-                "done": self._done, "largest": self.largest, "journaled": self.journaled,
+                "done": self._done, "largest": self.refill.largest,
+                "journaled": 0 if self.files is None else self.files.journaled,
                 "tally": [tally.src, tally.first, tally.held]}
 
     def adopt(self, state: dict[str, Any]) -> None:
@@ -474,7 +355,9 @@ class MessageQueue:
         self.scan = None
         self.ready, self.live, self.cursor = int(state["ready"]), int(state["live"]), int(state["cursor"])
         self.again = dict.fromkeys(int(pos) for pos in state["again"])
-        self._done, self.largest, self.journaled = int(state["done"]), int(state["largest"]), int(state["journaled"])
+        self._done, self.refill.largest = int(state["done"]), int(state["largest"])
+        if self.files is not None:
+            self.files.journaled = int(state["journaled"])
         self.tally = Tally(*map(int, state.get("tally", (-1, 0, 0))))  # what of a cross-shard batch it holds
 
     def requeue(self, pos: int) -> None:
@@ -483,20 +366,21 @@ class MessageQueue:
         self.again[pos] = None
         self.ready += 1
 
-    def _take_again(self, count: int) -> tuple[list[int], list[bytes]]:
+    def _pop_again(self, count: int) -> list[int]:
+        """Up to ``count`` positions of the records requeued behind the cursor, oldest first."""
         again = self.again
         positions = list(again) if len(again) <= count else list(again)[:count]
         for pos in positions:
             del again[pos]
-        message_at = self.log.message_at
-        messages = [message_at(pos)[2] for pos in positions]
-        self.ready -= len(positions)
-        return positions, messages
+        return positions
 
     def take(self, count: int) -> tuple[list[int], list[bytes]]:
         """Up to ``count`` ready messages and their positions; the caller marks them."""
         if self.again:
-            return self._take_again(count)
+            positions = self._pop_again(count)
+            message_at = self.log.message_at
+            self.ready -= len(positions)
+            return positions, [message_at(pos)[2] for pos in positions]
         if self.ready or self._refilled(count):
             positions, messages, self.cursor = self.log.walk(self.cursor, count, end=self._end())
             self.ready -= len(positions)
@@ -512,10 +396,7 @@ class MessageQueue:
         ids to ``ids``; returns their positions."""
         log = self.log
         if self.again:
-            again = self.again
-            positions = list(again) if len(again) <= count else list(again)[:count]
-            for pos in positions:
-                del again[pos]
+            positions = self._pop_again(count)
             log.deliver_at(positions, out, ids)
         elif self.ready or self._refilled(count):
             positions, self.cursor = log.deliver_ready(self.cursor, count, out, ids, self._end())
@@ -532,78 +413,13 @@ class MessageQueue:
         """Nothing ready in the log: move up to ``count`` from the backend; True if any.
         (Not while the log is recovered: its older records come first.)"""
         if self.backend.depth and self.scan is None:
-            self._refill(count)
+            self.refill.run(self, count)
         return self.ready > 0
 
-    def _refill(self, count: int) -> None:
-        """Move up to ``count`` spilled messages from the backend into the log, reading only
-        as many as fit if each were as large as the largest seen so far."""
-        log = self.log
-        moved = 0
-        stalled = False  # nothing fit even after ``make_room``: try once more, then stop
-        while moved < count and self.backend.depth:
-            batch = min(count - moved, log.free_bytes // log.frame_of(self.largest))
-            if batch <= 0:
-                if not self.make_room(log.frame_of(self.largest)) and not self._grow(
-                        log.frame_of(self.largest) * (count - moved)):
-                    break
-                continue
-            try:
-                records = self.backend.peek_many(batch)
-            except Exception:  # a read error is the backend's to log; serve what we have
-                logger.exception("failed to read from %r", self.backend)
-                break
-            if not records:
-                self._commit()  # a peek may have skipped a corrupt file
-                break
-            self.largest = max(self.largest, *map(len, records))
-            n = self._move_in(records)
-            moved += n
-            if n == len(records):
-                stalled = False
-            elif stalled or not self.make_room(log.frame_of(self.largest)):
-                break  # still no room: the rest stays on disk, read again later
-            else:
-                stalled = not n
-
-    def _move_in(self, records: list[bytes]) -> int:
-        """Append the backend's peeked ``records`` to the log and commit those that fit (all,
-        or the first ones: the rest are read again). Exact across a kill -9: before the
-        append, the mark in shared memory says where the backend's reading ends once the
-        log has them, with the log's write index before it; so a restart resumes reading
-        past them if the append was published, before them if not (``BackendMark``)."""
-        log = self.log
-        mark = log.mark()
-        if self._mark is not None:
-            self._mark.save(self.backend.committed_position or (0, 0), self.backend.read_position, mark[0])
-        n = log.append_ready(records)
-        if 0 < n < len(records):  # only some fit: append exactly those, under their own mark
-            log.rollback(mark)
-            self._commit(0)
-            try:
-                again = self.backend.peek_many(n)  # the same first ``n``: they fit
-            except Exception:
-                logger.exception("failed to read from %r", self.backend)
-                return 0
-            return self._move_in(again)
-        self.ready += n
-        self.live += n
-        self._commit(n if n < len(records) else None)  # a crash before this reads none twice
-        return n
-
-    def _commit(self, count: int | None = None) -> None:
-        """Consume what was peeked from the backend (only the first ``count``, if given)."""
-        try:
-            self.backend.commit(count)
-        except Exception:  # kept unconsumed: read again later (duplicates, never loss)
-            logger.exception("failed to commit a read of %r", self.backend)
-        self._save_mark()
-
-    def _save_mark(self) -> None:
-        """Keep the backend's committed read position in shared memory (no syscall)."""
-        position = self.backend.committed_position
-        if self._mark is not None and position is not None:
-            self._mark.save(position)
+    def took_in(self, count: int) -> None:
+        """``count`` READY records were appended to the log by its refill."""
+        self.ready += count
+        self.live += count
 
     def finish(self, pos: int) -> None:
         """The record at ``pos`` is done (FIN, sampled out, handed on by a topic)."""
@@ -660,7 +476,7 @@ class MessageQueue:
             self.cursor = log.read_index
         return log.free_bytes >= frame
 
-    def _grow(self, need: int) -> bool:
+    def make_larger(self, need: int) -> bool:
         """Make the log larger so ``need`` more bytes fit (``grow``); True if they do now."""
         if self.grow is None:
             return False
@@ -681,11 +497,9 @@ class MessageQueue:
         self.ready = self.live = self._done = 0
         self.again.clear()
         self.backend.empty()
-        self._save_mark()
-        self.journaled = 0
-        for path in (self.sidecar, self.journal):
-            if path is not None:
-                self._remove(path)
+        self.refill.save_mark()
+        if self.files is not None:
+            self.files.remove()
 
     def close(self, delete: bool = False, deferred: Sequence[tuple[int, bytes]] = ()) -> None:
         """Shut down. ``delete`` removes everything (disk files, sidecar, segment). Otherwise a
@@ -697,8 +511,8 @@ class MessageQueue:
         if delete:
             self.scan = None
             self.backend.delete()  # its files include the sidecar (``all_files_pattern``)
-        elif self.sidecar is not None and self.segment is not None:
-            unlink = self._persist(self.sidecar, deferred)
+        elif self.files is not None and self.segment is not None:
+            unlink = self._persist(self.files, deferred)
         else:
             if deferred:
                 try:
@@ -726,26 +540,24 @@ class MessageQueue:
         if self.segment is not None:
             self.segment.close()
 
-    def _persist(self, path: str, held: Sequence[tuple[int, bytes]]) -> bool:
+    def _persist(self, files: DeferredFiles, held: Sequence[tuple[int, bytes]]) -> bool:
         """Write every live record to disk; True once all of it is durable. On failure the
         segment keeps them (and the next process may see some twice)."""
         try:
             ready, deferred = self.log.live_records()  # in flight or not, recovered or not
             if self.scan is not None:  # the log proved whole: the backend resumes past its records
-                self._skip_backend(self.scan)
+                self.refill.skip_to(self.scan.resume)
                 self.scan = None
             for start in range(0, len(ready), PERSIST_BATCH):
                 self.backend.put_many(ready[start:start + PERSIST_BATCH])
             self.backend.close()  # syncs the data and persists the metadata
-            sidecar_file.write(path, deferred + list(held))
-            if self.journal is not None:
-                sidecar_file.remove(self.journal)
+            files.save(deferred + list(held))
         except Exception:
             logger.exception("failed to move %r to disk; its messages stay in shared memory", self.backend)
             try:
                 self.backend.close()
-            except Exception:
-                pass
+            except Exception as exc:  # the same failure, most likely; the segment keeps the messages
+                logger.error("failed to close %r - %s", self.backend, exc)
             return False
         return True
 

@@ -50,11 +50,11 @@ Task = Iterator[int]  # each ``next`` is one step; yields the records it walked 
 class Recovery:
     """Runs the recovery tasks of one shard (see the module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_error: Callable[[Exception], None]) -> None:
         self._tasks: deque[Task] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.Handle | asyncio.TimerHandle | None = None
-        self.on_error: Callable[[Exception], None] | None = None  # a step raised: the shard must go
+        self.on_error = on_error  # a step raised: the shard must go
 
     @property
     def active(self) -> bool:
@@ -112,8 +112,7 @@ class Recovery:
         except Exception as exc:
             self._tasks.clear()
             log.exception("recovering shared memory failed")
-            if self.on_error is not None:
-                self.on_error(exc)
+            self.on_error(exc)
             return
         self._wake(0 if progress else IDLE_WAIT)
 

@@ -24,11 +24,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Any
+from typing import Any, Protocol
 
+from pynsqd.node.messages import ConnectionState
 from pynsqd.wire.compression import Codec, CompressionError
 
 log = logging.getLogger("pynsqd.shard")
+
+
+class Relayable(Protocol):
+    """What relaying takes from a connection (``protocol.ClientV2``)."""
+
+    transport: asyncio.Transport | None  # the client's (its TLS transport after a handshake)
+
+    @property
+    def remote_address(self) -> str: ...
+
+    @property
+    def decoder(self) -> Codec | None:
+        """The inbound decompressor once snappy or deflate is on."""
+
+    def relay_state(self) -> ConnectionState:
+        """The connection's state for the shard it is relayed to."""
+
+    def detach(self) -> None:
+        """Stop serving the connection here without closing it."""
 
 
 class _Side(asyncio.Protocol):

@@ -37,25 +37,26 @@ def client_stats(client: Any, topic_filter: str = "", shards: bool = False) -> d
     """nsqd's ``ClientV2Stats`` of one connection, keys in its order. ``pub_counts`` (omitted
     when empty, as nsqd's ``omitempty``) counts what the connection published, only to
     ``topic_filter`` when one is given. ``shards`` adds pynsqd's ``shard`` key last."""
-    settings = client.settings
+    session = client.session
+    settings = session.settings
     out = {
         "client_id": settings.client_id,
         "hostname": settings.hostname,
         "version": "V2",
-        "remote_address": client.remote_address,
-        "state": client.state,
-        "ready_count": client.rdy,
+        "remote_address": session.remote_address,
+        "state": session.state,
+        "ready_count": session.rdy,
         "in_flight_count": client.in_flight_count,
         "message_count": client.message_count,
         "finish_count": client.finish_count,
         "requeue_count": client.requeue_count,
-        "connect_ts": client.connect_ts,
+        "connect_ts": session.connect_ts,
         "sample_rate": settings.sample_rate,
-        "deflate": client.compression == "deflate",
-        "snappy": client.compression == "snappy",
+        "deflate": session.compression == "deflate",
+        "snappy": session.compression == "snappy",
         "user_agent": settings.user_agent,
     }
-    auth = client.auth
+    auth = session.auth
     if auth is not None and auth.authed:  # omitempty, as nsqd's JSON tags say
         out["authed"] = True
         if auth.state.identity:
@@ -63,11 +64,11 @@ def client_stats(client: Any, topic_filter: str = "", shards: bool = False) -> d
         if auth.state.identity_url:
             out["auth_identity_url"] = auth.state.identity_url
     # nsqd's loop over pub_counts stops after the first entry; pynsqd reports every topic.
-    counts = [{"topic": t, "count": n} for t, n in sorted(client.pub_counts.items())
+    counts = [{"topic": t, "count": n} for t, n in sorted(session.pub_counts.items())
               if not topic_filter or t == topic_filter]
     if counts:
         out["pub_counts"] = counts
-    out.update(client.tls_info)
+    out.update(session.tls_info)
     if shards:
         out["shard"] = client.broker.shard  # pynsqd: the shard process serving this connection
     return out
@@ -133,13 +134,14 @@ def memory_stats() -> dict[str, Any]:
 
 
 def node_stats(broker: Broker, topic: str = "", channel: str = "", include_clients: bool = True,
-               include_mem: bool = True, include_shards: bool = False, alone: bool = True) -> dict[str, Any]:
-    """The whole ``/stats?format=json`` document of this process's topics and clients.
+               include_mem: bool = True, include_shards: bool = False) -> dict[str, Any]:
+    """This shard's part of the ``/stats?format=json`` document (``node/aggregate.py``
+    merges the shards').
 
-    As nsqd's ``GetStats``: a ``topic`` filter naming no topic here gives ``topics`` null,
-    and ``producers`` null too when the broker is ``alone`` (a shard's document keeps its
-    producers: ``merge_stats`` nulls them when no shard has the topic); producers are the
-    TCP connections that published, null when there are none or without clients.
+    As nsqd's ``GetStats``: a ``topic`` filter naming no topic here gives ``topics`` null
+    (the document keeps its producers: ``merge_stats`` nulls them when no shard has the
+    topic); producers are the TCP connections that published, null when there are none or
+    without clients.
     ``include_shards`` adds pynsqd's ``shard`` key to every client."""
     topics: list[dict[str, Any]] | None = None
     if not topic or topic in broker.topics:
@@ -154,8 +156,8 @@ def node_stats(broker: Broker, topic: str = "", channel: str = "", include_clien
     }
     if include_mem:
         out["memory"] = memory_stats()
-    producers = [client_stats(c, topic, include_shards) for c in broker.clients if c.pub_counts] \
-        if include_clients and (topics is not None or not alone) else []
+    producers = [client_stats(c, topic, include_shards) for c in broker.clients if c.session.pub_counts] \
+        if include_clients else []
     out["producers"] = producers or None
     return out
 

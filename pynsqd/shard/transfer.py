@@ -137,11 +137,11 @@ def capture(broker: Broker) -> Captured:
     for client in clients:
         if id(client) in index:
             continue
-        channel = client.channel
+        channel = client.session.channel
         if channel is not None:
             requeued += client.in_flight_count
             channel.remove_consumer(client, now)
-            client.channel = None
+            client.session.channel = None
             broker.consumer_left(channel)
         client.close()
         closed += 1
@@ -251,7 +251,7 @@ class Restorer:
                                         for msg_id, pos, due, record in c["deferred"]])
                 for i in c["consumers"]:
                     client = self.clients[i]
-                    client.channel = channel
+                    client.session.channel = channel
                     channel.consumers.append(client)
                 for i, delivered, deadline, ids, positions in c["deliveries"]:
                     self.held += channel.hold_again(self.clients[i], [x.encode("latin-1") for x in ids], positions,
@@ -271,7 +271,8 @@ class Restorer:
                 sock.close()
                 client.connection_lost(exc)
                 failed += 1
-        for channel in {id(c.channel): c.channel for c in self.clients if c.channel is not None}.values():
+        channels = (c.session.channel for c in self.clients)
+        for channel in {id(ch): ch for ch in channels if ch is not None}.values():
             channel.notify_ready()
             if channel.consumers:
                 self.broker.schedule(channel)

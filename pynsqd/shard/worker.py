@@ -54,7 +54,6 @@ import os
 import signal
 import socket
 import sys
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -66,7 +65,7 @@ from pynsqd.httpserver import HTTPServer
 from pynsqd.node import metadata
 from pynsqd.node.boot import BOOT_ERROR, IMPORT_CHECK, BootConfig
 from pynsqd.node.control import ControlChannel, Received
-from pynsqd.node.datapath import make_backend, recoverable
+from pynsqd.node.datapath import recoverable
 from pynsqd.node.heartbeat import Heartbeat
 from pynsqd.node.messages import (
     Adopt,
@@ -77,7 +76,6 @@ from pynsqd.node.messages import (
     Drain,
     Exit,
     Failed,
-    HandOff,
     Handover,
     Health,
     HealthRequest,
@@ -100,21 +98,21 @@ from pynsqd.node.messages import (
 from pynsqd.node.placement import Placement
 from pynsqd.node.tls import build_server_context
 from pynsqd.shard import handover
-from pynsqd.shard.broker import Broker
+from pynsqd.shard.broker import BrokerHooks
 from pynsqd.shard.crossshard import Outbound
 from pynsqd.shard.handover import Takeover
 from pynsqd.shard.http import NsqdHTTP
 from pynsqd.shard.httppub import PublishConnection
 from pynsqd.shard.inbound import Inbound
 from pynsqd.shard.memory import keep_large_blocks
-from pynsqd.shard.node import node_info, queue_factory
+from pynsqd.shard.node import make_broker, node_info
 from pynsqd.shard.nodehttp import NodeHTTP, run_local
 from pynsqd.shard.protocol import ClientV2
 from pynsqd.shard.recovery import BOOT
-from pynsqd.shard.relay import Relay
+from pynsqd.shard.router import ShardRouter
 from pynsqd.shard.stats import node_stats
 from pynsqd.shm import store
-from pynsqd.shm.diskqueue import DiskQueue
+from pynsqd.signals import signals_to
 
 log = logging.getLogger("pynsqd.shard")
 
@@ -132,31 +130,36 @@ def die_with_parent(parent: int) -> None:
 
 
 class ShardWorker:
-    """One shard of a multi-shard node; also the ``Router`` its broker publishes through."""
+    """One shard of a multi-shard node."""
 
     def __init__(self, boot: BootConfig) -> None:
         self.boot = boot
         self.index = boot.index
         self.shards = boot.shards
         self.opts = opts = boot.opts
+        self._reporting = False  # topic and channel changes go to the supervisor (once serving)
+        self._changed_topics: set[str] = set()  # to send to the supervisor this turn
+        self.failed = False  # stopping because the scan or a server failed: exit status 1
+        self.boot_failed = False  # stopping because a log could not be recovered: BOOT_ERROR
+        self._stop = asyncio.Event()
         self.placement = Placement(opts.data_dir, self.shards)
-        self.broker = Broker(opts, self._make_backend, shard=self.index, shards=self.shards,
-                             queue_factory=queue_factory(opts, boot.log_sizing))
-        self.broker.start_time = boot.start_time
-        self.broker.start_ns = boot.start_ns
+        self.heartbeat = Heartbeat(boot.heartbeat_fd)
+        self.control = ControlChannel(socket.socket(fileno=boot.control_fd), self._on_control,
+                                      f"shard {self.index}")
+        self.outbound = Outbound(opts.data_dir, self.index, self.shards, boot.wake_fds)
+        self.router = ShardRouter(self.placement, self.outbound, self.control)
+        hooks = BrokerHooks(on_change=self._changed, on_scan=self.heartbeat.beat, on_fatal=self._fatal,
+                            on_recovery_error=self._recovery_failed)
+        self.broker = make_broker(opts, boot.log_sizing, shard=self.index, shards=self.shards, router=self.router,
+                                  hooks=hooks, start_ns=boot.start_ns)
         if not boot.standby:  # a replacement takes its queues over from ``Handover`` instead
             owned = [t for t in metadata.load(opts.data_dir) if self.placement.owner(t.name) == self.index]
             self.broker.restore(owned)  # each queue attaches to its segment and starts recovering it
             self._adopt_segments()
             self.broker.recovery.run(BOOT)
-        self.outbound = Outbound(opts.data_dir, self.index, self.shards, boot.wake_fds)
         self.inbound = Inbound(opts.data_dir, self.index, self.shards, boot.wake_fds[self.index], self.broker)
-        self.catch_up = self.inbound.catch_up  # Router.catch_up, on the owner's hot path: no call between
-        self.broker.router = self
-        self.heartbeat = Heartbeat(boot.heartbeat_fd)
+        self.router.catch_up_with(self.inbound)
         self.tls_ctx = build_server_context(opts)  # the supervisor checked the files already
-        self.control = ControlChannel(socket.socket(fileno=boot.control_fd), self._on_control,
-                                      f"shard {self.index}")
         self._handlers: dict[type[Message], Callable[[Any, Received], None]] = {
             Adopt: self._adopt, ServeHTTP: self._serve_http, StatsRequest: self._stats,
             HealthRequest: self._health, RunHTTP: self._run_http, SetConfig: self._set_config,
@@ -166,19 +169,13 @@ class ShardWorker:
         }
         self.takeover = Takeover(self.broker, self._client) if boot.standby else None
         self.handed_over = False  # released to a replacement: exit without touching the queues
-        self.live_relays: weakref.WeakSet[Relay] = weakref.WeakSet()
         self._pending: set[asyncio.Task[Any]] = set()  # adoptions and proxied calls under way
         self.handoffs = 0
-        self.relays = 0
-        self._stop = asyncio.Event()
         self._exited = False
-        self._changed_topics: set[str] = set()  # to send to the supervisor this turn
         self._http_server: HTTPServer | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._https_server: HTTPServer | None = None
         self._https_task: asyncio.Task[None] | None = None
-        self.failed = False  # stopping because the scan or a server failed: exit status 1
-        self.boot_failed = False  # stopping because a log could not be recovered: BOOT_ERROR
         self._stopping_service = False
         self.app = NsqdHTTP(self.broker, opts, self.info(), self._persist, self._set_lookupd)
         if boot.https and opts.tls_required == "true":
@@ -204,31 +201,12 @@ class ShardWorker:
             else:
                 store.unlink_segment(shm_name)
 
-    def _make_backend(self, queue_name: str, ephemeral: bool) -> DiskQueue:
-        return make_backend(self.opts, queue_name)
-
     def info(self) -> dict[str, Any]:
         return node_info(self.opts, self.boot.tcp_port, self.boot.http_port, self.boot.start_time)
 
-    # --- Router (what the broker and the connections call) ----------------------------------
     def owner(self, topic: str) -> int:
-        return self.placement.owner(topic)
-
-    def forward(self, topic: str, records: list[bytes], body_bytes: int, delay_ns: int) -> None:
-        self.outbound.put(self.placement.owner(topic), topic, records, body_bytes, delay_ns)
-
-    def relay(self, client: Any, owner: int, unread: bytes) -> None:
-        """Move ``client`` to ``owner`` through a socketpair we pump (``shard/relay.py``)."""
-        here, there = socket.socketpair()
-        state = client.relay_state()
-        try:
-            self.control.send(HandOff(owner, state, unread), [there.fileno()])
-        finally:
-            there.close()
-        client.detach()
-        self.relays += 1
-        self.live_relays.add(Relay(client.transport, here, client.decoder))
-        log.debug("client(%s) relayed to shard %d", client.remote_address, owner)
+        """The shard that owns ``topic`` (what ``NodeHTTP`` proxies admin calls to)."""
+        return self.router.owner(topic)
 
     # --- control messages -------------------------------------------------------------------
     def _on_control(self, chan: ControlChannel, received: Received) -> None:
@@ -243,8 +221,8 @@ class ShardWorker:
         that got ``OK`` anywhere shows)."""
         self.inbound.drain(None)
         doc = node_stats(self.broker, msg.topic, msg.channel, msg.include_clients, msg.include_mem,
-                         msg.include_shards, alone=False)
-        doc["shard_counters"] = {"handoffs": self.handoffs, "relays": self.relays,
+                         msg.include_shards)
+        doc["shard_counters"] = {"handoffs": self.handoffs, "relays": self.router.relays,
                                  "cross_shard_sent": self.outbound.sent,
                                  "cross_shard_received": self.inbound.received,
                                  "cross_shard_framed": self.inbound.framed,
@@ -362,7 +340,7 @@ class ShardWorker:
         self._stopping_service = True
         await self._settle()
         servers = [s for s in (self._http_server, self._https_server) if s is not None]
-        captured = await handover.release(self.broker, servers, list(self.live_relays))
+        captured = await handover.release(self.broker, servers, list(self.router.live_relays))
         # nothing awaited since the capture: the queues are let go of, now the rings
         self.inbound.stop()
         self._send_update()  # what this turn changed, before the parts
@@ -414,17 +392,13 @@ class ShardWorker:
         self.opts.lookupd_tcp_address = list(addresses)
 
     def _changed(self, event: str, topic: str, channel: str | None) -> None:
+        if not self._reporting:  # before serving: the first snapshot has it
+            return
         if not self.control.closed:
             self.control.send(Changed(event, topic, channel))
         self._persist(topic)
 
     # --- lifecycle --------------------------------------------------------------------------
-    def _beat_now(self) -> None:
-        """The heartbeat: written at the end of every pass of the broker's scan, so it says
-        that the loop turns *and* that the scan (timeouts, deferred delivery, deadlines,
-        syncs) makes progress."""
-        self.heartbeat.beat()
-
     def _fatal(self) -> None:
         """The scan failed (``Broker.on_fatal``): exit (status 1) for the supervisor to
         restart this shard; the heartbeat has stopped, so a stuck exit is killed."""
@@ -438,18 +412,21 @@ class ShardWorker:
         self._fatal()
 
     async def main(self) -> None:
+        with signals_to(lambda _: self._stop.set(), (signal.SIGTERM,)):
+            await self._serve()
+
+    async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         self.control.start(loop)
         self.control.on_close = lambda chan: self._stop.set()
         if self.takeover is not None and not await self._take_over():
             return
-        self._beat_now()
-        self.broker.on_scan = self._beat_now
-        self.broker.on_fatal = self._fatal
-        self.broker.recovery.on_error = self._recovery_failed
+        # the heartbeat: written now, then at the end of every pass of the broker's scan, so it
+        # says that the loop turns *and* that the scan (timeouts, deferred delivery, deadlines,
+        # syncs) makes progress
+        self.heartbeat.beat()
         self.broker.start(loop)
-        self.broker.on_change = self._changed
+        self._reporting = True
         if self.takeover is not None:
             await self.takeover.connect()
             self.broker.sync_all()  # what the replaced process wrote and did not sync
@@ -465,7 +442,7 @@ class ShardWorker:
             self._https_task = loop.create_task(self._https_server.serve())
             self._https_task.add_done_callback(self._server_ended)
         self._send_snapshot()
-        self.control.send(Ready(os.getpid(), __version__))
+        self.control.send(Ready(__version__))
         try:
             await self._stop.wait()
         finally:
@@ -476,7 +453,7 @@ class ShardWorker:
         when the node stops first (or the state is unreadable: then it exits to be restarted,
         recovering from shared memory as after a crash)."""
         assert self.takeover is not None
-        self.control.send(Standby(os.getpid()))
+        self.control.send(Standby())
         waits = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self.takeover.complete.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
@@ -546,7 +523,7 @@ class ShardWorker:
         self.inbound.drain(None)
         self.broker.close()
         if not self.control.closed:
-            self.control.send(Snapshot(self.broker.snapshot(), final=True))
+            self.control.send(Snapshot(self.broker.snapshot()))
             await asyncio.sleep(0)
         self.inbound.close()
         self.outbound.close()

@@ -12,8 +12,8 @@ fsynced, so the metadata on disk never claims bytes that a power cut could take 
 
 Durability is go-diskqueue's: ``put`` returns after ``write()``, not after ``fsync``.
 ``sync()`` (fsync + metadata) runs when ``sync_every`` puts and reads have happened (nsqd:
-2500), on every roll, when reading finishes a file, on ``close``, and from ``maybe_sync``
-once ``sync_timeout`` (nsqd: 2 s) has passed with activity. A crash can therefore leave
+2500), on every roll, when reading finishes a file, on ``close``, and (``sync_wanted``, asked by
+the shard's syncer) once ``sync_timeout`` (nsqd: 2 s) has passed with activity. A crash can therefore leave
 stale metadata; opening repairs what it finds:
 
 * a torn record at the end of the write file is cut off;
@@ -23,7 +23,7 @@ stale metadata; opening repairs what it finds:
   than recorded: the files are scanned to rebuild the depth, writing moves to a fresh file;
 * a stale read position re-delivers records read since the last sync (at least once),
   unless the owner kept the committed position where a crash cannot lose it and hands it
-  back with ``skip_to`` (``pynsqd.shard.queue`` keeps it in shared memory).
+  back with ``skip_to`` (``pynsqd.shard.refill`` keeps it in shared memory).
 
 ``peek_many`` reads records without consuming them and ``commit`` consumes everything peeked
 (or only the first ``count``: the reader moves back and the rest are read again):
@@ -52,7 +52,7 @@ ordered by a sequence number, and a snapshot older than one already persisted is
 A sync that falls due inside ``put_many`` or ``commit`` is handed to ``on_sync_due`` when
 the owner set it (a shard runs them on a worker thread: ``pynsqd.shard.syncer``), and run
 inline otherwise. ``on_dirty`` tells the owner when a clean queue (nothing since the last
-sync) gets something to sync, so it need only look at those queues for ``maybe_sync``.
+sync) gets something to sync, so it need only look at those queues for ``sync_wanted``.
 """
 
 from __future__ import annotations
@@ -455,7 +455,7 @@ class DiskQueue:
         """fsync the data files written since the last sync, then persist the metadata atomically.
 
         Safe to run in a worker thread while the owner keeps calling the other methods.
-        Raises ``DiskQueueError``; the next ``maybe_sync`` retries.
+        Raises ``DiskQueueError``; the next sync retries.
         """
         with self._lock:
             if self._closed:
@@ -502,17 +502,6 @@ class DiskQueue:
     def _remove(self, files: list[int]) -> None:
         for num in files:
             _unlink(self._path(num), self._log)
-
-    def maybe_sync(self, now_ns: int) -> bool:
-        """Sync if anything happened and ``sync_timeout`` has passed since the last sync.
-
-        ``now_ns`` is on the ``time.monotonic_ns()`` clock. Returns whether it synced; raises
-        ``DiskQueueError`` like ``sync``.
-        """
-        if not self.sync_wanted(now_ns):
-            return False
-        self.sync()
-        return True
 
     def sync_wanted(self, now_ns: int) -> bool:
         """Anything happened and ``sync_timeout`` has passed since the last sync (or attempt)."""

@@ -77,6 +77,6 @@ class LogScan:
         return ready, live, self.log.deferred_at(positions)
 
     def shift(self, by: int) -> None:
-        """The log's indices moved back by ``by`` (it grew: ``MessageQueue._grow``)."""
+        """The log's indices moved back by ``by`` (it grew: ``MessageQueue.make_larger``)."""
         self.cursor -= by
         self.end -= by

@@ -36,8 +36,9 @@ outlives the process (``shard/inbound.py`` notes the batch it is applying); the 
 reads it.
 
 The counts serve ``__len__`` only (``written - consumed``, clamped at 0). A process killed
-between its two stores leaves them off by one batch; ``recover()`` (called by the owner
-while nobody else is attached) rescans the records and repairs them. Indices are checked
+between its two stores leaves them one batch high, never low (each side stores its count on
+the side that overstates what waits); a log's walk after a crash repairs them
+(``shm/logrecovery.py``). Indices are checked
 on every call: an index out of range or a frame that fails its check raises ``RingError``,
 never garbage.
 
@@ -445,21 +446,6 @@ class ByteRing:
         words[_RSEQ] = words[_RSEQ] + count
 
     # -- owner ---------------------------------------------------------------------------
-
-    def recover(self) -> int:
-        """Validate every queued frame and repair the record counts; return the count.
-
-        Call it while no other process uses the ring (after a crash, before resuming).
-        ``RingError`` if a frame is corrupt.
-        """
-        write, read = self._indices()
-        queued, _ = self._walk(read, write, 1 << 62, None)
-        words = self._words
-        written: int = words[_WSEQ]
-        consumed = written - queued if written >= queued else 0
-        words[_WSEQ] = consumed + queued
-        words[_RSEQ] = consumed
-        return queued
 
     def counts(self) -> tuple[int, int]:
         """(records written, records consumed) as the header has them (``recount``)."""

@@ -11,7 +11,7 @@ million 1 MiB messages per queue), so a log grows as messages arrive instead:
 * every log starts at ``INITIAL`` bytes of area (pages are only used once written);
 * when a message finds no room while the queue holds fewer than ``--mem-queue-size`` ready
   messages, the log doubles (at least to fit the message), up to the node's ``ceiling``
-  (``MessageQueue._grow`` → ``Grower`` → ``store.grow_log``, which grows in place only while
+  (``MessageQueue.make_larger`` → ``Grower`` → ``store.grow_log``, which grows in place only while
   the records do not wrap around the log's end; until then they spill to disk, as before);
 * ``ceiling`` is fixed at start and logged: ``--mem-queue-bytes`` when given (pynsqd's
   explicit bound; then the log is that large from the start, as before), otherwise half of

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -30,9 +30,6 @@ class LoopThread:
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the loop and wait for its result (or exception)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def soon(self, fn: Callable[[], Any]) -> None:
-        self.loop.call_soon_threadsafe(fn)
 
 
 _shared: LoopThread | None = None

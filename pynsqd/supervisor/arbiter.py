@@ -27,7 +27,7 @@ shards once it accepts (``reload.py``).
 Signal handlers only enqueue (SIGTERM, SIGINT; SIGHUP: a rolling restart of the shards,
 ``reload.py``; SIGUSR2: an upgrade of the supervisor); the loop drains the queue.
 uvloop reserves SIGCHLD, so instead every ``TICK`` the loop reaps (``handle_chld``) and
-checks heartbeats (``murder``): a shard
+checks heartbeats (``tend_shards``): a shard
 whose loop has not written its timestamp for ``SHARD_TIMEOUT`` gets SIGABRT, and SIGKILL
 ``KILL_AFTER`` later. ``handle_chld`` reaps with ``waitpid(-1, WNOHANG)`` until 0 and
 classifies: ``BOOT_ERROR`` (the shard could not start) stops the node with the shard's
@@ -89,6 +89,7 @@ from pynsqd.node.shmowner import OwnerRecord
 from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
 from pynsqd.shm.sizing import Host, plan
+from pynsqd.signals import signals_to
 from pynsqd.supervisor import leftover_rings
 from pynsqd.supervisor.accept import Accepted, Acceptor
 from pynsqd.supervisor.handoff import greet
@@ -100,7 +101,7 @@ from pynsqd.supervisor.slots import Slot
 from pynsqd.supervisor.startup import Startup, sweep_segments
 from pynsqd.supervisor.statsd import StatsdLines, StatsdPusher, statsd_prefix
 from pynsqd.supervisor.topictable import MetadataWriter, TopicTable
-from pynsqd.supervisor.upgrade import SIGNALS, Inherited, Upgrader
+from pynsqd.supervisor.upgrade import SIGNALS, Inherited, InheritedShard, Upgrader
 from pynsqd.wire.lookup import IdentifyInfo
 from pynsqd.wire.names import is_ephemeral, is_valid_name
 
@@ -151,7 +152,7 @@ class Supervisor:
         }
         self.argv: list[str] = sys.argv[1:]  # the command line, read again by a reload
         self.reloader = Reloader(self)
-        self.upgrader = Upgrader(self)
+        self.upgrader = Upgrader(self, self.reloader)
         if inherited is not None:
             counters = inherited.counters
             self.handoffs, self.http_acceptor.handed = counters["handoffs"], counters["http_handoffs"]
@@ -308,8 +309,8 @@ class Supervisor:
             delay = slot.schedule_restart(time.monotonic())
             log.info("shard %d: restarting in %.1fs", slot.index, delay)
 
-    def murder(self, now: float) -> None:
-        """Kill shards whose loop stopped beating; restart due ones."""
+    def tend_shards(self, now: float) -> None:
+        """Kill shards whose loop stopped beating; respawn dead ones whose restart is due."""
         for slot in self.slots:
             if slot.pid and slot.is_ready:
                 self._check_stall(slot, now - slot.last_beat())
@@ -347,7 +348,7 @@ class Supervisor:
     @staticmethod
     def _check_stall(slot: Slot, quiet: float) -> None:
         """A shard silent for ``STALL_AFTER`` gets no new HTTP connections until it beats
-        again (``httpaccept.py``); one silent for ``SHARD_TIMEOUT`` is killed (``murder``)."""
+        again (``httpaccept.py``); one silent for ``SHARD_TIMEOUT`` is killed (``tend_shards``)."""
         if quiet > STALL_AFTER and not slot.stalled:
             slot.stalled = True
             log.warning("shard %d (pid %d): loop silent for %.1fs - new HTTP connections go to the other shards",
@@ -520,10 +521,13 @@ class Supervisor:
 
     # --- main loop ------------------------------------------------------------------------------
     async def main(self) -> int:
+        """Run the node until it stops; its exit status. Signal handlers only enqueue."""
+        with signals_to(self._signals.put_nowait, SIGNALS):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # blocked across an upgrade's execve
+            return await self._run()
+
+    async def _run(self) -> int:
         loop = asyncio.get_running_loop()
-        for signum in SIGNALS:
-            loop.add_signal_handler(signum, self._signals.put_nowait, int(signum))
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # blocked across an upgrade's execve
         log.info("pynsqd %s (nsqd v%s compatible), %d shard(s)", __version__, NSQ_VERSION, self.shards)
         log.info("ID: %d", self.opts.node_id)
         log.info("%s", self.log_sizing.describe(self.opts.mem_queue_size, self.host))
@@ -544,7 +548,7 @@ class Supervisor:
                 sig = int(await asyncio.wait_for(self._signals.get(), TICK))
             except TimeoutError:
                 self.handle_chld()
-                self.murder(time.monotonic())
+                self.tend_shards(time.monotonic())
                 continue
             if sig == signal.SIGHUP:
                 self.reloader.request()
@@ -626,6 +630,17 @@ class Supervisor:
         for slot in self.slots:
             if slot.channel is not None:
                 await slot.channel.sent()
+
+    def inherited_state(self) -> Inherited:
+        """What the next image takes over (``upgrade.py``); the control channels are let go of
+        (not closed)."""
+        shards = [InheritedShard(s.index, s.pid, s.channel.detach() if s.channel is not None else -1,
+                                 s.heartbeat.fd, s.restarts, s.version) for s in self.slots]
+        return Inherited(tcp_fd=self.tcp_socket.fileno(),
+                         http_fd=self.http_socket.fileno() if self.http_socket else -1,
+                         https_fd=self.https_socket.fileno() if self.https_socket else -1, lock_fd=self.lock_fd,
+                         owner_fd=self.owner.fd, wake_fds=self.wake_fds, shards=shards, start_time=self.start_time,
+                         start_ns=self.start_ns, log_sizing=self.log_sizing, counters=self.counters())
 
     def counters(self) -> dict[str, int]:
         return {"handoffs": self.handoffs, "http_handoffs": self.http_acceptor.handed,

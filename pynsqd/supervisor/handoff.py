@@ -49,7 +49,7 @@ _SIZE = struct.Struct(">i")
 HandOff = Callable[[int | None, socket.socket, ConnectionState, bytes], Awaitable[None]]
 
 
-def wants_upgrade(body: bytes, opts: NsqdOptions) -> bool:
+def wants_upgrade(body: bytes) -> bool:
     """True when an IDENTIFY body asks for something only a shard can carry on with."""
     try:
         data = orjson.loads(body)
@@ -106,7 +106,7 @@ class Greeting:
             if len(self.buf) < end:
                 return "need", None
             body = self.buf[nl + 5:end]
-            if wants_upgrade(body, self.opts):
+            if wants_upgrade(body):
                 return "any", None
             current = self.settings or Settings.defaults(self.opts, self.remote.rpartition(":")[0])
             try:

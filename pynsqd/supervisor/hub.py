@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from pynsqd.node.aggregate import merge_stats
-from pynsqd.node.control import PROXY_WAIT, Received
+from pynsqd.node.control import CALL_WAIT, PROXY_WAIT, Received
 from pynsqd.node.messages import (
     Failed,
     Health,
@@ -43,7 +43,6 @@ from pynsqd.node.messages import (
 )
 from pynsqd.supervisor.slots import Slot
 
-CALL_TIMEOUT = 30.0  # seconds a shard has to answer a call
 READY_TIMEOUT = 30.0  # seconds a call waits for a shard booting for the first time
 
 
@@ -71,16 +70,16 @@ class Hub:
 
     async def _call(self, slot: Slot, msg: Message) -> Message:
         if slot.swapping:
-            await asyncio.wait_for(slot.ready.wait(), CALL_TIMEOUT)
+            await asyncio.wait_for(slot.ready.wait(), CALL_WAIT)
         if slot.channel is None or slot.channel.closed:
             raise ConnectionError(f"shard {slot.index} is down")
-        return await slot.channel.call(msg, wait=CALL_TIMEOUT)
+        return await slot.channel.call(msg, wait=CALL_WAIT)
 
     async def send_to(self, slot: Slot, msg: Message) -> None:
         """``msg`` to ``slot``'s shard (one being replaced: to its replacement, once ready)."""
         if slot.swapping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(slot.ready.wait(), CALL_TIMEOUT)
+                await asyncio.wait_for(slot.ready.wait(), CALL_WAIT)
         if slot.channel is not None and not slot.channel.closed:
             slot.channel.send(msg)
 

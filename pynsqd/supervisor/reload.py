@@ -38,17 +38,16 @@ import signal
 import ssl
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pynsqd import sdnotify
 from pynsqd.node.config import NsqdOptions, parse_args
+from pynsqd.node.control import ControlChannel
 from pynsqd.node.messages import Drain, Failed, Handover, Message, Ready, Release, Standby
 from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
+from pynsqd.supervisor.httpaccept import HTTPAcceptor
 from pynsqd.supervisor.slots import Slot, Successor
-
-if TYPE_CHECKING:
-    from pynsqd.supervisor.arbiter import Supervisor
 
 log = logging.getLogger("pynsqd.supervisor")
 
@@ -115,12 +114,33 @@ class Operation:
             self.task.cancel()
 
 
+class Reloaded(Protocol):
+    """What a reload needs from the supervisor (``arbiter.Supervisor``)."""
+
+    argv: list[str]  # the command line, read again
+    opts: NsqdOptions
+    slots: list[Slot]
+    http_acceptor: HTTPAcceptor
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def apply_options(self, new: NsqdOptions, names: list[str]) -> None:
+        """Change the options ``names`` to ``new``'s."""
+
+    def launch(self, index: int, standby: bool = False) -> tuple[int, ControlChannel]:
+        """Start a worker for shard ``index``: its pid and control channel."""
+
+    def status(self) -> str:
+        """The ``STATUS=`` line for systemd."""
+
+
 class Reloader(Operation):
     """Runs rolling restarts for one supervisor."""
 
     name = "reload"
 
-    def __init__(self, sup: Supervisor) -> None:
+    def __init__(self, sup: Reloaded) -> None:
         super().__init__()
         self.sup = sup
         self.again = False

@@ -48,20 +48,18 @@ import signal
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import orjson
 
 from pynsqd import sdnotify
 from pynsqd.node.boot import ENV as WORKER_ENV
 from pynsqd.node.boot import IMPORT_CHECK, same_code_command, worker_command
+from pynsqd.node.config import NsqdOptions
 from pynsqd.node.messages import Done, Hold, Resume
 from pynsqd.shm.sizing import LogSizing
-from pynsqd.supervisor.reload import Operation, reread
+from pynsqd.supervisor.reload import Operation, Reloader, reread
 from pynsqd.supervisor.slots import Slot
-
-if TYPE_CHECKING:
-    from pynsqd.supervisor.arbiter import Supervisor
 
 log = logging.getLogger("pynsqd.supervisor")
 
@@ -123,14 +121,42 @@ class Inherited:
         return None if fd < 0 else socket.socket(fileno=fd)
 
 
+class Upgraded(Protocol):
+    """What an upgrade needs from the supervisor (``arbiter.Supervisor``)."""
+
+    argv: list[str]  # the command line the new image runs
+    opts: NsqdOptions
+    slots: list[Slot]
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def attach(self, slot: Slot, fd: int) -> None:
+        """Serve ``slot``'s control channel on the socket ``fd``."""
+
+    def pause_accepting(self) -> None: ...
+
+    def resume_accepting(self) -> None: ...
+
+    async def settle(self) -> None:
+        """Until everything under way is done and sent."""
+
+    def inherited_state(self) -> Inherited:
+        """What the next image takes over; the control channels are let go of (not closed)."""
+
+    def status(self) -> str:
+        """The ``STATUS=`` line for systemd."""
+
+
 class Upgrader(Operation):
     """Runs SIGUSR2 for one supervisor."""
 
     name = "upgrade"
 
-    def __init__(self, sup: Supervisor) -> None:
+    def __init__(self, sup: Upgraded, reloader: Reloader) -> None:
         super().__init__()
         self.sup = sup
+        self.reloader = reloader  # an upgrade waits for the reload under way
         self.hurry = asyncio.Event()  # greetings: hand off now with what was read
         self.upgrades = 0  # images that took over from a previous one, this one included
 
@@ -156,20 +182,9 @@ class Upgrader(Operation):
             return
         slot.ready.set()
 
-    def state(self) -> Inherited:
-        """What the next image takes over; the control channels are let go of (not closed)."""
-        sup = self.sup
-        shards = [InheritedShard(s.index, s.pid, s.channel.detach() if s.channel is not None else -1,
-                                 s.heartbeat.fd, s.restarts, s.version) for s in sup.slots]
-        return Inherited(tcp_fd=sup.tcp_socket.fileno(), http_fd=sup.http_socket.fileno() if sup.http_socket else -1,
-                         https_fd=sup.https_socket.fileno() if sup.https_socket else -1, lock_fd=sup.lock_fd,
-                         owner_fd=sup.owner.fd,
-                         wake_fds=sup.wake_fds, shards=shards, start_time=sup.start_time, start_ns=sup.start_ns,
-                         log_sizing=sup.log_sizing, counters=sup.counters())
-
     async def _run(self) -> None:
         sup = self.sup
-        reloading = sup.reloader.task
+        reloading = self.reloader.task
         if reloading is not None:
             log.info("upgrade: waiting for the reload under way")
             await asyncio.wait([reloading])
@@ -193,7 +208,7 @@ class Upgrader(Operation):
             log.error("upgrade abandoned: %s; the node runs on unchanged", exc or "timed out")
             await self.resume()
             return
-        state = self.state()
+        state = sup.inherited_state()
         try:
             reexec(sup.argv, state)
         except OSError as exc:

@@ -32,6 +32,7 @@ from pynsqd.client.message import Message
 from pynsqd.client.producer import Producer
 from pynsqd.options import MS, SECOND, UsageError, flag, parse_bool, parse_duration, resolve, run_cli, version_string
 from pynsqd.shared_flags import positive, require_one_source
+from pynsqd.signals import signals_to
 
 log = logging.getLogger("pynsqd.tools")
 T = TypeVar("T")
@@ -224,7 +225,6 @@ def run(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
     """Run ``main(stop)`` on uvloop; SIGINT/SIGTERM only set ``stop`` (the tool decides how
     to wind down). A second signal while stopping exits at once with status 130/143."""
     async def wrapper() -> int:
-        loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 
         def on_signal(signum: int) -> None:
@@ -233,9 +233,8 @@ def run(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
             log.info("got signal %s, stopping", signal.Signals(signum).name)
             stop.set()
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig)
-        return await main(stop)
+        with signals_to(on_signal, (signal.SIGINT, signal.SIGTERM)):
+            return await main(stop)
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(wrapper())

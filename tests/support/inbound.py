@@ -9,12 +9,11 @@ import time
 
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.crossrecord import encode_batch
-from pynsqd.node.datapath import make_backend
 from pynsqd.node.metadata import TopicRecord
 from pynsqd.node.rings import create_rings, release_rings, ring_name
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.inbound import Inbound
-from pynsqd.shard.node import queue_factory
+from pynsqd.shard.node import make_broker
 from pynsqd.shm.ring import ByteRing
 from pynsqd.shm.segment import Segment, list_segments, unlink_segment
 
@@ -41,8 +40,7 @@ class OwnerRig:
 
     def _owner(self) -> tuple[Broker, Inbound]:
         opts = self.opts
-        broker = Broker(opts, lambda name, _: make_backend(opts, name), shard=self.me, shards=self.shards,
-                        queue_factory=queue_factory(opts))
+        broker = make_broker(opts, shard=self.me, shards=self.shards)
         return broker, Inbound(self.data, self.me, self.shards, self.wake, broker)
 
     def put(self, src: int, topic: str, records: list[bytes], due: int = 0, at: int | None = None) -> None:

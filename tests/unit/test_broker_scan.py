@@ -14,6 +14,7 @@ import pytest
 from pynsqd.node.config import NsqdOptions
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.inflight import GRANULARITY
+from pynsqd.shard.node import make_broker, queue_factory
 from pynsqd.shard.syncer import Syncer
 from pynsqd.shard.topic import RETRY_NS
 from pynsqd.shm.diskqueue import DiskQueue
@@ -31,8 +32,8 @@ def disk_queue(path: Path, name: str, max_msg_size: int = 1 << 20) -> DiskQueue:
 
 
 @pytest.fixture
-def broker() -> Iterator[Broker]:
-    broker = Broker(NsqdOptions(mem_queue_bytes=1 << 16))
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    broker = make_broker(NsqdOptions(data_path=str(tmp_path), mem_queue_bytes=1 << 16))
     yield broker
     for name in list(broker.topics):
         broker.delete_topic(name)
@@ -74,10 +75,11 @@ def test_only_channels_with_timers_are_scanned_until_their_timers_are_done(broke
 def test_a_topic_is_retried_from_its_failed_hand_on_until_it_succeeds(tmp_path: Path) -> None:
     """A channel whose disk queue refuses the message (too large for it) makes the topic
     keep it and retry every ``RETRY_NS``; once it goes through, the topic is not looked at."""
-    def backend(name: str, _: bool) -> DiskQueue:
+    def backend(name: str) -> DiskQueue:
         return disk_queue(tmp_path, name, max_msg_size=HEADER.size + 4 if name == "t:small" else 1 << 20)
 
-    broker = Broker(NsqdOptions(mem_queue_size=0, mem_queue_bytes=1 << 16), backend)
+    opts = NsqdOptions(data_path=str(tmp_path), mem_queue_size=0, mem_queue_bytes=1 << 16)
+    broker = Broker(opts, queue_factory(opts), backend)
     try:
         for i in range(20):
             broker.get_topic(f"idle{i}")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import struct
 
+from pynsqd.shard.backend import DropBackend
 from pynsqd.shard.channel import PUMP_BUDGET, Channel, ChannelError
 from pynsqd.shard.inflight import GRANULARITY
-from pynsqd.shard.queue import DropBackend, MessageQueue
+from pynsqd.shard.queue import MessageQueue
 from pynsqd.shm.log import DONE, IN_FLIGHT, READY, MessageLog
 from pynsqd.shm.ring import buffer_size
 from pynsqd.wire.message import HEADER
@@ -36,9 +37,6 @@ class Consumer:
 
     def delivered(self, count: int) -> None:
         self.message_count += count
-
-    def on_channel_timers(self) -> None:
-        pass
 
     def received(self) -> list[tuple[bytes, int]]:
         """(id, attempts) of each frame received since the last call."""

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pynsqd.client.backoff import Action, Backoff, State
+from pynsqd.client.backoff import Action, RdyBackoff, State
 from pynsqd.client.discovery import poll_delay, producer_keys
 from pynsqd.client.rdy import RdyBook
 
@@ -127,7 +127,7 @@ def test_removed_connection_gives_its_budget_back() -> None:
 # --- backoff in virtual time -----------------------------------------------------------------
 
 def test_backoff_windows_grow_exponentially_and_cap() -> None:
-    b = Backoff(multiplier=1.0, max_duration=8.0)
+    b = RdyBackoff(multiplier=1.0, max_duration=8.0)
     now = 0.0
     assert b.result(False, now) is Action.PAUSE
     windows = []
@@ -141,7 +141,7 @@ def test_backoff_windows_grow_exponentially_and_cap() -> None:
 
 
 def test_one_result_per_window_and_recovery() -> None:
-    b = Backoff(multiplier=0.5, max_duration=60.0)
+    b = RdyBackoff(multiplier=0.5, max_duration=60.0)
     now = 10.0
     b.result(False, now)
     b.on_timer(now + 0.5)

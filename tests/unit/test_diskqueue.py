@@ -162,18 +162,25 @@ def test_reopen_after_close_keeps_depth_and_order(open_queue: Opener, tmp_path: 
 
 def test_sync_after_read_metadata_as_go_diskqueue(open_queue: Opener, tmp_path: Path) -> None:
     queue = open_queue(max_msg_size=1 << 20)
+
+    def maybe_sync(now_ns: int) -> bool:  # what the shard's syncer does every scan
+        if not queue.sync_wanted(now_ns):
+            return False
+        queue.sync()
+        return True
+
     now = time.monotonic_ns()
     body = bytes(1000)
     queue.put(body)
-    assert not queue.maybe_sync(now)            # sync_timeout not reached
-    assert queue.maybe_sync(now + 3 * SECOND)
+    assert not maybe_sync(now)            # sync_timeout not reached
+    assert maybe_sync(now + 3 * SECOND)
     assert meta_text(tmp_path) == "1\n0,0\n0,1004\n"
     assert queue.read() == body
-    assert queue.maybe_sync(now + 6 * SECOND)
+    assert maybe_sync(now + 6 * SECOND)
     assert meta_text(tmp_path) == "0\n0,1004\n0,1004\n"
-    assert not queue.maybe_sync(now + 9 * SECOND)   # nothing happened since
+    assert not maybe_sync(now + 9 * SECOND)   # nothing happened since
     queue.put(body)
-    assert queue.maybe_sync(now + 12 * SECOND)
+    assert maybe_sync(now + 12 * SECOND)
     assert meta_text(tmp_path) == "1\n0,1004\n0,2008\n"
 
 

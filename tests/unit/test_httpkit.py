@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pynsqd.httpkit import HTTPError, Router, parse_query
+from pynsqd.httpkit import HTTPError, RouteTable, parse_query
 
 
 def test_query_parsing_takes_any_bytes_as_go_does_and_refuses_what_go_refuses() -> None:
@@ -16,7 +16,7 @@ def test_query_parsing_takes_any_bytes_as_go_does_and_refuses_what_go_refuses() 
 
 
 def test_router_matches_params_and_reports_methods_and_redirects() -> None:
-    router: Router[str] = Router([("GET", "/ping", "ping"), ("GET", "/topics/:topic", "topic"),
+    router: RouteTable[str] = RouteTable([("GET", "/ping", "ping"), ("GET", "/topics/:topic", "topic"),
                                   ("POST", "/topics/:topic", "action"), ("PUT", "/config/:opt", "config")])
     found = router.match("GET", "/topics/a")
     assert (found.handler, found.params) == ("topic", {"topic": "a"})

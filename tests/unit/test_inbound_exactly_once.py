@@ -208,7 +208,9 @@ def test_a_deferred_batch_journaled_for_want_of_room_is_deferred_once(rig: Calla
     r = rig(mem_queue_bytes=4096, max_msg_size=100)
     topic = make_topic(r, "t", "a")
     channel = topic.channels["a"]
-    while channel.queue.journaled == 0:
+    files = channel.queue.files
+    assert files is not None
+    while files.journaled == 0:
         r.broker.publish_deferred("t", b"local", 60_000)
     kept = len(channel.deferred)
     r.publish("t", messages(1), due=time.monotonic_ns() + 60 * 10**9)

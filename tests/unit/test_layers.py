@@ -1,5 +1,6 @@
 """The packages form layers: wire ← shm ← node ← {shard, supervisor}, without cycles, read
-from the source's own imports; and the supervisor runs without the shard's stack."""
+from the source's own imports; the modules of each package import each other without a
+cycle too; and the supervisor runs without the shard's stack."""
 
 from __future__ import annotations
 
@@ -57,6 +58,33 @@ def test_top_level_packages_import_each_other_without_a_cycle() -> None:
         tuple(TopologicalSorter(graph).static_order())
     except CycleError as exc:
         raise AssertionError(f"import cycle between packages: {' -> '.join(exc.args[1])}") from None
+
+
+def _packages() -> list[Path]:
+    """``pynsqd`` and every package below it."""
+    return sorted(init.parent for init in ROOT.rglob("__init__.py"))
+
+
+def test_modules_of_a_package_import_each_other_without_a_cycle() -> None:
+    """Type-only imports (``if TYPE_CHECKING:``) count: a module that needs another's type
+    while that one imports it takes an interface (a ``Protocol``) instead."""
+    cycles = []
+    for package in _packages():
+        name = ".".join(("pynsqd", *package.relative_to(ROOT).parts))
+        members = {f"{name}.{p.stem}": p for p in package.glob("*.py") if p.stem != "__init__"}
+        graph = {m: {i for i in _imports(p) if i in members and i != m} for m, p in members.items()}
+        try:
+            tuple(TopologicalSorter(graph).static_order())
+        except CycleError as exc:
+            cycles.append(" -> ".join(exc.args[1]))
+    assert not cycles, f"import cycles inside packages: {cycles}"
+
+
+def test_imports_are_absolute() -> None:
+    """What the cycle checks read: a relative import would go unseen."""
+    relative = [str(path.relative_to(ROOT)) for path in ROOT.rglob("*.py")
+                if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(ast.parse(path.read_text())))]
+    assert not relative, f"relative imports in {relative}"
 
 
 def test_the_node_contract_sits_between_storage_and_the_processes() -> None:

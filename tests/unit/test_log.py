@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pynsqd.shard.queue import DropBackend, MessageQueue
+from pynsqd.shard.backend import DropBackend
+from pynsqd.shard.queue import MessageQueue
 from pynsqd.shm.diskqueue import DiskQueue, DiskQueueError
 from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, READY_HEADER, MessageLog
 from pynsqd.shm.logrecovery import LogScan

@@ -14,9 +14,8 @@ import pytest
 
 from pynsqd.httpkit import HTTPError
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.datapath import make_backend
 from pynsqd.shard.broker import Broker
-from pynsqd.shard.node import queue_factory
+from pynsqd.shard.node import make_broker
 from pynsqd.shard.pubgroup import PROBE_EVERY, PublishGroup
 from pynsqd.shm.segment import list_segments, unlink_segment
 from tests.conftest import run_async
@@ -25,7 +24,7 @@ from tests.conftest import run_async
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Broker]:
     opts = NsqdOptions(data_path=str(tmp_path))
-    broker = Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+    broker = make_broker(opts)
     try:
         yield broker
     finally:

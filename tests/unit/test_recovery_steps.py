@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from pynsqd.node.config import NsqdOptions
-from pynsqd.node.datapath import make_backend
 from pynsqd.shard import broker as broker_module
 from pynsqd.shard import recovery
 from pynsqd.shard.broker import Broker
+from pynsqd.shard.node import make_broker
 from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.message import HEADER
 from tests.unit.test_channel_inflight import Consumer
@@ -32,8 +32,7 @@ def opts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[NsqdOption
 
 
 def new_broker(opts: NsqdOptions) -> Broker:
-    from pynsqd.shard.node import queue_factory
-    return Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+    return make_broker(opts)
 
 
 def numbered(i: int) -> bytes:

@@ -204,7 +204,7 @@ def test_corrupt_record_length_raises(field: str) -> None:
         struct.pack_into("<II", buf, frame, 1000, 1000 ^ 0xFFFFFFFF)
     else:  # a wrap marker where the write index says no wrap happened
         struct.pack_into("<II", buf, frame, 0xFFFFFFFF, 0)
-    for call in (lambda: r.take_many(2), lambda: r.peek_many(1), r.recover):
+    for call in (lambda: r.take_many(2), lambda: r.peek_many(1)):
         with pytest.raises(RingError):
             call()
 
@@ -218,17 +218,6 @@ def test_corrupt_indices_raise(read: int, write: int) -> None:
     for call in (lambda: r.take_many(1), lambda: r.put(b"x"), lambda: r.used_bytes):
         with pytest.raises(RingError):
             call()
-
-
-def test_recover_repairs_counts_after_a_torn_update() -> None:
-    buf = bytearray(buffer_size(512))
-    r = ByteRing(buf, init=True)
-    r.put_many([b"a", b"b", b"c"])
-    r.take_many(1)
-    struct.pack_into("<Q", buf, 72, 99)  # a producer killed between its two stores
-    assert len(r) != 2
-    assert r.recover() == 2 and len(r) == 2
-    assert r.take_many(5) == [b"b", b"c"] and len(r) == 0
 
 
 def test_reset_and_close() -> None:

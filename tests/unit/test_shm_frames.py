@@ -17,10 +17,11 @@ from pynsqd.node.config import NsqdOptions
 from pynsqd.node.crossrecord import FRAMED_MIN, decode_batch, encode_batch
 from pynsqd.node.datapath import make_backend
 from pynsqd.node.rings import create_rings, release_rings, ring_name
+from pynsqd.shard.backend import DropBackend
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.inbound import DRAIN_BYTES, Inbound
-from pynsqd.shard.node import queue_factory
-from pynsqd.shard.queue import DropBackend, MessageQueue, segment_queue
+from pynsqd.shard.node import make_broker
+from pynsqd.shard.queue import MessageQueue, segment_queue
 from pynsqd.shm.frames import FRAME, WRAP, Frames, RingError, check_frames, frame_records
 from pynsqd.shm.log import READY_HEADER, check_ready, frame_ready
 from pynsqd.shm.ring import ByteRing, buffer_size
@@ -114,7 +115,7 @@ def test_a_framed_run_reaches_every_channel_with_the_stats_of_a_local_publish(tm
     """Three channels: each log is byte for byte the log of a topic fed the messages, and
     the topic and channel counts are the same."""
     opts = NsqdOptions(data_path=str(tmp_path), mem_queue_size=1000)
-    broker = Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+    broker = make_broker(opts)
     try:
         local, cross = broker.get_topic("local"), broker.get_topic("cross")
         for topic in (local, cross):
@@ -144,7 +145,7 @@ def test_a_paused_topic_keeps_the_run_in_its_own_log_and_hands_on_the_same_messa
     """Not flowing (paused): the run goes where the message list went — the topic's own
     queue, byte for byte — and unpaused, the pump hands the same messages to the channel."""
     opts = NsqdOptions(data_path=str(tmp_path))
-    broker = Broker(opts, lambda name, _: make_backend(opts, name), queue_factory=queue_factory(opts))
+    broker = make_broker(opts)
     try:
         local, cross = broker.get_topic("local"), broker.get_topic("cross")
         for topic in (local, cross):
@@ -362,8 +363,7 @@ def owner(tmp_path: Path) -> Iterator[Owner]:
     data = str(tmp_path)
     opts = NsqdOptions(data_path=data)
     rings = create_rings(data, 2)
-    broker = Broker(opts, lambda name, _: make_backend(opts, name), shard=1, shards=2,
-                    queue_factory=queue_factory(opts))
+    broker = make_broker(opts, shard=1, shards=2)
     wake = os.eventfd(0)
     inbound = Inbound(data, 1, 2, wake, broker)
     producer = Segment.open(ring_name(data, 0, 1), 0, create=False)

@@ -14,12 +14,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pynsqd.shard.queue import DropBackend, segment_queue
+from pynsqd.shard.backend import DropBackend
+from pynsqd.shard.queue import segment_queue
 from pynsqd.shm import sidecar
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.shm.log import DEFERRED
 from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, HEADER
+from tests.support.queues import recover
 
 log = logging.getLogger("test.sidecar")
 
@@ -79,7 +81,7 @@ def disk_queue(path: str, name: str) -> DiskQueue:
 
 def test_clean_close_moves_a_durable_queue_to_disk_and_back(data_path: str) -> None:
     q = segment_queue(data_path, 100, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
-    assert not q.recovering and q.sidecar == sidecar.sidecar_path(data_path, "t:c")
+    assert not q.recovering and q.files is not None and q.files.sidecar == sidecar.sidecar_path(data_path, "t:c")
     q.put_many([message(b"m%d" % i) for i in range(6)])
     positions, _ = q.take(3)
     q.log.deliver(positions[0], 1)                 # in flight, attempts 1
@@ -93,11 +95,11 @@ def test_clean_close_moves_a_durable_queue_to_disk_and_back(data_path: str) -> N
 
     again = segment_queue(data_path, 100, 1 << 16, "channel", "t:c", disk_queue(data_path, "t:c"))
     assert again.recovering
-    deferred = again.recover()
+    deferred = recover(again)
     assert sorted((due, m[26:]) for _, due, m in deferred) == [
         (555, b"held in memory"), (123_456_789, b"m2"), (987_654_321, b"dpub")]
     assert all(p >= 0 for p, _, _ in deferred) and again.live == 3
-    assert not Path(again.sidecar or "").exists()  # loaded into the log, then removed
+    assert not Path(again.files.sidecar if again.files else "").exists()  # loaded into the log, then removed
     got = []
     while len(again):
         _, records = again.take(10)
@@ -109,7 +111,7 @@ def test_clean_close_moves_a_durable_queue_to_disk_and_back(data_path: str) -> N
 
 def test_ephemeral_queue_has_no_sidecar_and_keeps_its_segment(data_path: str) -> None:
     q = segment_queue(data_path, 100, 1 << 16, "topic", "e#ephemeral", DropBackend())
-    assert q.sidecar is None
+    assert q.files is None
     q.append(message(b"d"), DEFERRED, 1)
     q.close()
     assert len(list_segments(data_path)) == 1 and not list(Path(data_path).iterdir())

@@ -11,8 +11,9 @@ import socket
 from pynsqd.node.control import ControlChannel, Received, channel_pair
 from pynsqd.node.identify import Settings
 from pynsqd.node.messages import ConnectionState, Done, Ready, StatsRequest
+from pynsqd.shard.backend import DropBackend
 from pynsqd.shard.channel import Channel
-from pynsqd.shard.queue import DropBackend, MessageQueue
+from pynsqd.shard.queue import MessageQueue
 from pynsqd.shard.transfer import MovedClient, Part
 from pynsqd.shard.unit import Unit
 from pynsqd.shm.log import IN_FLIGHT, MessageLog
@@ -115,7 +116,7 @@ def test_a_held_control_channel_sends_replies_only_then_everything_in_order() ->
         far.start(loop)
         near.start(loop)
         near.hold()
-        near.send(Ready(1))
+        near.send(Ready("1.0"))
         a, b = socket.socketpair()
         near.send(StatsRequest(topic="x"), [a.fileno()])
         a.close()
@@ -128,7 +129,7 @@ def test_a_held_control_channel_sends_replies_only_then_everything_in_order() ->
             if len(got) == 2:
                 break
             await asyncio.sleep(0.01)
-        assert got == [Ready(1), StatsRequest(topic="x")]
+        assert got == [Ready("1.0"), StatsRequest(topic="x")]
         near.close()
         far.close()
         b.close()

@@ -17,6 +17,8 @@ from pynsqd.node.shmowner import OwnerRecord, reclaim, why_gone
 from pynsqd.shm.segment import SHM_DIR, Segment, list_segments, segment_name, unlink_segment
 from tests.support.harness import scaled, without_file_permission_overrides
 
+pytestmark = pytest.mark.fast
+
 # a node: lock the data path, record itself, make two segments (a MiB written in each), run
 NODE = """
 import sys
