@@ -830,8 +830,16 @@ def test_a_shard_that_cannot_be_restarted_for_lack_of_descriptors_is_retried(nod
     nsqd = node("--shards=2")
     pid = get_json(nsqd, SHARD_STATS)["supervisor"]["shard_status"][1]["pid"]
     soft, hard = resource.prlimit(nsqd.pid, resource.RLIMIT_NOFILE)
-    # the supervisor can open no new descriptor (its soft limit only: root may lack CAP_SYS_RESOURCE)
-    resource.prlimit(nsqd.pid, resource.RLIMIT_NOFILE, (_lowest_free_fd(nsqd.pid), hard))
+    # the supervisor can open no new descriptor (its soft limit only: root may lack CAP_SYS_RESOURCE):
+    # the limit follows its lowest free descriptor until that stays put (the connection of the
+    # request above may still be closing there, freeing a lower one)
+    readings: list[int] = []
+
+    def no_descriptor_free() -> bool:
+        readings.append(_lowest_free_fd(nsqd.pid))
+        resource.prlimit(nsqd.pid, resource.RLIMIT_NOFILE, (readings[-1], hard))
+        return len(readings) >= 10 and len(set(readings[-10:])) == 1
+    wait_for(no_descriptor_free, 10, interval=0.02, what="the supervisor's descriptors to settle")
     try:
         os.kill(pid, signal.SIGKILL)  # its restart needs a control socketpair
         nsqd.wait_for_log(r"shard 1: cannot start - .*Too many open files; retrying with back-off", 10)

@@ -1,4 +1,4 @@
-"""The control protocol between the supervisor and its shards, one dataclass per message.
+"""The control protocol between the supervisor and its shards, one frozen record per message (``frozen.py``).
 
 Each message names its ``op`` once, here; ``encode`` turns it into what the control channel
 carries (a JSON header and a raw payload, ``control.py``) and ``decode`` turns that back into
@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, TypeVar
 
+from pynsqd.node.frozen import Frozen, frozen
 from pynsqd.node.identify import Settings
 from pynsqd.node.metadata import TopicRecord
 
@@ -37,38 +38,38 @@ M = TypeVar("M", bound="Message")
 _REGISTRY: dict[str, type[Message]] = {}
 
 
-@dataclasses.dataclass(frozen=True)
-class Message:
-    """A control message; subclasses set ``op`` and are registered by ``message``."""
+class Message(Frozen):
+    """A control message; subclasses are ``frozen`` records that set ``op`` and are
+    registered by ``message``."""
 
+    __slots__ = ()
     op: ClassVar[str] = ""
+    payload_field: ClassVar[str | None] = None  # the field sent as the raw payload (typed ``bytes``)
 
     def encode(self) -> tuple[dict[str, Any], bytes]:
         """→ (JSON header, payload)."""
         header: dict[str, Any] = {"op": self.op}
         payload = b""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bytes):
-                payload = value
+        for name in self._fields:
+            if name == self.payload_field:
+                payload = getattr(self, name)
             else:
-                header[f.name] = value
+                header[name] = getattr(self, name)
         return header, payload
 
     @classmethod
     def from_wire(cls: type[M], fields: dict[str, Any], payload: bytes) -> M:
-        names = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in fields.items() if k in names}
-        for name, f in names.items():
-            if f.type == "bytes":
-                kwargs[name] = payload
+        kwargs = {k: v for k, v in fields.items() if k in cls._fields}
+        if cls.payload_field is not None:
+            kwargs[cls.payload_field] = payload
         return cls(**kwargs)
 
 
 def message(cls: type[M]) -> type[M]:
-    """Register ``cls`` under its ``op`` (one class per op)."""
+    """Register ``cls`` (a ``frozen`` record) under its ``op`` (one class per op)."""
     assert cls.op and cls.op not in _REGISTRY, cls.op
     _REGISTRY[cls.op] = cls
+    cls.payload_field = next((name for name in cls._fields if cls._types[name] == "bytes"), None)
     return cls
 
 
@@ -104,7 +105,7 @@ class ConnectionState:
 
 # --- supervisor → shard ------------------------------------------------------------------------
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Adopt(Message):
     """Serve this TCP connection (the descriptor), from where ``HandOff``/``greet`` left it."""
 
@@ -114,11 +115,11 @@ class Adopt(Message):
 
     @classmethod
     def from_wire(cls: type[M], fields: dict[str, Any], payload: bytes) -> M:
-        return cls(state=ConnectionState.from_json(fields["state"]), unread=payload)  # type: ignore[call-arg]
+        return cls(state=ConnectionState.from_json(fields["state"]), unread=payload)
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class ServeHTTP(Message):
     """Serve these HTTP (``tls``: HTTPS) connections (the descriptors); from a shard being
     replaced: idle ones, for the supervisor to hand to a shard that serves."""
@@ -128,7 +129,7 @@ class ServeHTTP(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class RunHTTP(Message):
     """Run this admin request here, the topic's owner; answered with ``HTTPResponse``."""
 
@@ -141,7 +142,7 @@ class RunHTTP(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class CreateChannels(Message):
     """A new topic's channels as lookupd knows them (nsqd's channel pre-creation)."""
 
@@ -151,7 +152,7 @@ class CreateChannels(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Quiesce(Message):
     """Shutdown phase 1: stop delivering, wait up to ``wait`` s for FIN/REQ, close clients;
     answered with ``Done``."""
@@ -161,7 +162,7 @@ class Quiesce(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Exit(Message):
     """Shutdown phase 2: drain the inbound rings, close the queues, send the last snapshot."""
 
@@ -169,7 +170,7 @@ class Exit(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Drain(Message):
     """Replacement phase 1 (``supervisor/reload.py``): hand idle HTTP connections back, let
     busy ones finish (up to ``wait`` s), sync the disk queues; TCP is served meanwhile.
@@ -180,7 +181,7 @@ class Drain(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Release(Message):
     """Replacement phase 2: stop, send everything as ``Handover`` parts, answer ``Done``, exit."""
 
@@ -188,7 +189,7 @@ class Release(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Hold(Message):
     """Send nothing but replies until ``Resume`` (the supervisor is about to re-execute
     itself); answered with ``Done``."""
@@ -197,7 +198,7 @@ class Hold(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Resume(Message):
     """Send what ``Hold`` kept back, then a ``Snapshot``: a new supervisor image listens."""
 
@@ -206,14 +207,14 @@ class Resume(Message):
 
 # --- shard → supervisor ------------------------------------------------------------------------
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Ready(Message):
     op: ClassVar[str] = "ready"
     version: str  # the pynsqd the shard runs (a reload or an upgrade changes it)
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Standby(Message):
     """A replacement shard booted and waits for its predecessor's ``Handover``."""
 
@@ -221,7 +222,7 @@ class Standby(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Snapshot(Message):
     """The shard's topics and channels with their paused flags (at its start, its exit, and
     when a new supervisor image asks)."""
@@ -235,11 +236,11 @@ class Snapshot(Message):
     @classmethod
     def from_wire(cls: type[M], fields: dict[str, Any], payload: bytes) -> M:
         topics = [TopicRecord.from_json(t) for t in fields["topics"]]
-        return cls(topics=topics)  # type: ignore[call-arg]
+        return cls(topics=topics)
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Updated(Message):
     """Topics of the shard that changed (created, paused, a channel created, paused or deleted)
     as they now are, and the names of those deleted: a ``Snapshot`` of only what changed."""
@@ -254,11 +255,11 @@ class Updated(Message):
     @classmethod
     def from_wire(cls: type[M], fields: dict[str, Any], payload: bytes) -> M:
         topics = [TopicRecord.from_json(t) for t in fields["topics"]]
-        return cls(topics=topics, deleted=[str(n) for n in fields["deleted"]])  # type: ignore[call-arg]
+        return cls(topics=topics, deleted=[str(n) for n in fields["deleted"]])
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Changed(Message):
     """A topic (``channel`` None) or channel was ``created`` or ``deleted``."""
 
@@ -269,7 +270,7 @@ class Changed(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class HandOff(Message):
     """Give this connection (the descriptor) to ``shard`` as an ``Adopt``."""
 
@@ -280,12 +281,12 @@ class HandOff(Message):
 
     @classmethod
     def from_wire(cls: type[M], fields: dict[str, Any], payload: bytes) -> M:
-        return cls(shard=fields["shard"], state=ConnectionState.from_json(fields["state"]),  # type: ignore[call-arg]
+        return cls(shard=fields["shard"], state=ConnectionState.from_json(fields["state"]),
                    unread=payload)
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Proxy(Message):
     """Run this admin request at ``shard``; answered with ``HTTPResponse`` or ``Failed``."""
 
@@ -303,7 +304,7 @@ class Proxy(Message):
 
 # --- both ways ---------------------------------------------------------------------------------
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Handover(Message):
     """Part ``part`` of a replaced shard's state (``shard/transfer.py``: ``doc`` is its
     encoding; the descriptors are the connections it names); ``last`` ends it."""
@@ -315,7 +316,7 @@ class Handover(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class StatsRequest(Message):
     """A stats document (``/stats``'s query); answered with ``StatsDocument``."""
 
@@ -329,7 +330,7 @@ class StatsRequest(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class HealthRequest(Message):
     """Answered with ``Health``: the shard's, or from the supervisor the node's."""
 
@@ -337,7 +338,7 @@ class HealthRequest(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class SetConfig(Message):
     """``PUT /config/<opt>`` with ``value`` succeeded somewhere: apply it here too."""
 
@@ -348,14 +349,14 @@ class SetConfig(Message):
 
 # --- replies -----------------------------------------------------------------------------------
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class StatsDocument(Message):
     op: ClassVar[str] = "stats_document"
     doc: bytes  # JSON
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class ShardDocuments(Message):
     """The supervisor's answer to a shard's ``StatsRequest``: the other shards' documents as
     they sent them, joined without being parsed, for the asking shard to merge with its own:
@@ -366,14 +367,14 @@ class ShardDocuments(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Health(Message):
     op: ClassVar[str] = "health_status"
     health: str = "OK"
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class HTTPResponse(Message):
     op: ClassVar[str] = "http_response"
     status: int
@@ -382,13 +383,13 @@ class HTTPResponse(Message):
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Failed(Message):
     op: ClassVar[str] = "failed"
     error: str
 
 
 @message
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Done(Message):
     op: ClassVar[str] = "done"

@@ -26,7 +26,6 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -206,7 +205,7 @@ class NodeHTTP:
         prometheus = scope["path"] == "/metrics" or fmt == "prometheus"
         request = StatsRequest(**stats_request(params), skip=self.shard.index)
         if prometheus:  # pynsqd's own figures are metrics too; Go's memory figures are not
-            request = dataclasses.replace(request, include_mem=False, include_shards=True)
+            request = request.replace(include_mem=False, include_shards=True)
         call = asyncio.ensure_future(self.shard.control.call(request, wait=CALL_WAIT))
         await asyncio.sleep(0)  # the request is sent: the other shards make theirs while this one does
         own = self.shard.stats_document(request)

@@ -188,7 +188,9 @@ class Daemon:
         host, port = self.http
         return f"http://{host}:{port}"
 
-    def wait_for_log(self, pattern: str, timeout: float = 5.0) -> str:
+    def wait_for_log(self, pattern: str, timeout: float = 15.0) -> str:
+        """Wait for a line of the output matching ``pattern``; a generous default: the wait ends
+        at the line, and a loaded machine can take seconds to print it."""
         rx = re.compile(pattern)
 
         def found() -> str | None:
