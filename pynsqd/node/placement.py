@@ -15,9 +15,11 @@ syscalls once per new topic per process, never on the hot path of a known topic,
 no round trip to the supervisor: the file in the page cache *is* the shared table. Lines are
 written with one ``write`` and only complete lines are parsed.
 
-The supervisor rewrites the table at start when it was made for a different shard count
-(entries pointing past the last shard are reassigned least-loaded): a topic's data lives in
-per-name disk files, so any shard can take any topic over between runs.
+At start the supervisor rewrites the table only when a line names a shard this run does
+not have (the count shrank) or is malformed; then *every* topic is reassigned least-loaded,
+in the order of its first line. A table made for fewer shards is kept as it is, and new
+topics go to the new, emptier shards. A topic's data lives in per-name segments and disk
+files, so any shard can take any topic over between runs.
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ class Placement:
         self._offset += end
 
     def rebalance_at_start(self) -> None:
-        """Supervisor, before any shard runs: drop entries for a different shard count."""
+        """Supervisor, before any shard runs: when a line names a shard past the last one (or
+        is malformed), reassign every topic least-loaded and rewrite the file; else only
+        read it."""
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)

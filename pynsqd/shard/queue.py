@@ -9,7 +9,9 @@ behind them (to the backend too), even when the log has room again, because cons
 served from the log first and the backend is read only once the log has nothing ready
 (nsqd's random select between its memory channel and its disk queue gives no order here;
 pynsqd keeps publish order). Spilled messages are moved back into the log before they are
-delivered, so every message in flight or deferred has a record in shared memory.
+delivered, so every message in flight has a record in shared memory; so has every deferred
+one, except one that found the log full (journaled on disk and held in process memory,
+below).
 
 Counts kept here (the log itself only knows bytes): ``ready`` (READY records in the log),
 ``live`` (records not DONE). ``take`` walks a delivery cursor over the log;

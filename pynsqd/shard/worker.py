@@ -15,9 +15,12 @@ queue attaches to its shared-memory segment, and what a previous process left in
 recovered in steps, a bounded part now and the rest while the shard serves
 (``recovery.py``) — and recreate its own topics found only in shared memory, attach the
 inbound and outbound rings, drain what the inbound rings still hold, serve HTTP, then tell
-the supervisor ``ready``. Any failure before that, or a corrupt log found while recovering
-later, exits with ``BOOT_ERROR`` after one line on stderr, which stops the supervisor's
-respawn loop.
+the supervisor ``ready``. A failure while the worker is built (``ShardWorker()``: the
+topics restored, the first bounded part of their recovery, the rings, the TLS context), or a
+corrupt log found while recovering later, exits with ``BOOT_ERROR`` after one line on
+stderr: the supervisor then stops the whole node. A failure after that (a replacement that
+cannot take over, the scan raising, an HTTP server ending) exits with status 1, and the
+shard is restarted.
 
 Serving: TCP connections arrive as ``Adopt`` messages (fd + state + unread bytes) and become
 ``ClientV2`` protocols via ``connect_accepted_socket``. HTTP and HTTPS connections arrive as

@@ -3,14 +3,16 @@
 Theory of operation
 -------------------
 ``greet`` owns an accepted socket until it knows which shard should serve it. It reads the
-magic and then whole commands (the sans-IO ``CommandParser`` does the framing and NSQ's
-checks, ``identify.negotiate`` the IDENTIFY), answering IDENTIFY itself, until:
+magic and then whole commands (the sans-IO ``Greeting`` frames the lines and IDENTIFY's
+sized body itself and checks no more than it needs to route; ``identify.negotiate`` settles
+the IDENTIFY), answering IDENTIFY itself and skipping NOP, until:
 
 - a ``SUB``/``PUB``/``MPUB``/``DPUB`` line arrives: the owner of its topic gets the socket;
 - IDENTIFY asks for TLS, snappy or deflate: the supervisor cannot follow the stream past
   that, so the IDENTIFY itself (unanswered) goes to a shard, which finishes the negotiation
   and relays to the owner later if need be (``shard/relay.py``);
-- anything else (bad magic, a protocol error, AUTH, RDY before SUB, an oversize line) or
+- anything else (bad magic, a routing command without a valid topic, an IDENTIFY that does
+  not negotiate, AUTH, RDY before SUB, an oversize line, NOP under ``--tls-required``) or
   ``IDLE_HANDOFF`` of silence: a shard (round robin) gets it and does what nsqd does —
   answers the error, sends heartbeats, applies deadlines — so the supervisor never has to.
 
