@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"
 JS = ROOT / "tests" / "support" / "js"
 MIB = 1 << 20
-INBOUND_RING = 16 * MIB  # one per ordered pair of shards (docs/architecture.md, Cross-shard publish)
+INBOUND_RING = 16 * MIB  # one per ordered pair of shards (RING_SIZE, pynsqd/node/rings.py)
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")]
 
