@@ -18,20 +18,17 @@ follows depends on the kind:
   either side, and no second framing per log.
 * ``"D"`` (batches of fewer than ``FRAMED_MIN`` messages): ``count`` times ``([4B
   length][message])``.
-* ``"P"`` (written by older releases only): as ``"D"``, but the 8 bytes are the delay,
-  counted from the drain.
 
-A record without the ``"T"`` head (an older release's), and ``"D"`` and ``"P"``, are still
-read, so a ring an older release left is drained; such a record counts as sent at time 0,
-before any other. ``decode`` of an ``"F"`` record returns a ``Frames`` (``shm/frames.py``):
-a sequence of the messages that code unaware of frames reads as before (decoded on first
-use), and that a queue with room appends as it is (``MessageQueue.put_many``).
+Anything else (no ``"T"`` head, another kind, a length that does not add up) is not a
+publish record: ``decode_batch`` raises ``ValueError``. ``decode`` of an ``"F"`` record
+returns a ``Frames`` (``shm/frames.py``): a sequence of the messages that code unaware of
+frames reads as before (decoded on first use), and that a queue with room appends as it is
+(``MessageQueue.put_many``).
 """
 
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -48,10 +45,9 @@ _HEAD = struct.Struct(">H")
 _TAIL = struct.Struct(">QII")
 _LEN = struct.Struct(">I")
 _TIMED = TIMED[0]
-_FRAMED, _DELAYED = FRAMED[0], b"P"[0]
-_KINDS = frozenset(b"FDP")
+_FRAMED = FRAMED[0]
+_KINDS = frozenset(b"FD")
 _TIMED_HEAD = struct.Struct(">QBH")  # after "T": sent, kind, topic length
-_KIND_HEAD = struct.Struct(">BH")
 
 
 class Batch(NamedTuple):
@@ -61,7 +57,7 @@ class Batch(NamedTuple):
     messages: Sequence[bytes]
     body_bytes: int
     due: int  # monotonic ns when a deferred batch falls due; 0: not deferred
-    sent: int  # monotonic ns the producer took before writing it; 0: an older release's
+    sent: int  # monotonic ns the producer took before writing it
 
 
 _batch = Batch._make  # a fifth of the cost of Batch(...)
@@ -94,12 +90,10 @@ def sent_of(data: bytes) -> int:
 def decode_batch(data: bytes) -> Batch:
     """The record's ``Batch``; ``ValueError`` on a record that is not exactly one of the
     kinds above."""
-    if data and data[0] == _TIMED:
-        sent, kind, n = _TIMED_HEAD.unpack_from(data, 1)  # struct.error when short: a ValueError
-        start = 9
-    else:
-        sent = start = 0
-        kind, n = _KIND_HEAD.unpack_from(data)
+    if not data or data[0] != _TIMED:
+        raise ValueError("not a publish record")
+    sent, kind, n = _TIMED_HEAD.unpack_from(data, 1)  # struct.error when short: a ValueError
+    start = 9
     if kind not in _KINDS:
         raise ValueError("not a publish record")
     pos = start + 3 + n
@@ -115,8 +109,6 @@ def decode_batch(data: bytes) -> Batch:
             return _batch((topic, check_ready(data, pos, count), body_bytes, due, sent))
         except RingError as exc:
             raise ValueError(f"corrupt framed publish record: {exc}") from exc
-    if kind == _DELAYED and due:  # an older release's relative delay
-        due += time.monotonic_ns()
     records = []
     for _ in range(count):
         (size,) = _LEN.unpack_from(data, pos)

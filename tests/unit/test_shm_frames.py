@@ -340,17 +340,18 @@ def test_put_frames_keeps_the_ring_invariants() -> None:
         ByteRing(bytearray(buffer_size(4096)), init=True).put_many([b"z" * 2100])
 
 
-def test_records_of_older_releases_still_decode() -> None:
-    """Kinds "D" (due time) and "P" (a delay from the drain) as an older release wrote them."""
+def test_a_record_without_its_sent_time_or_of_another_kind_is_not_a_publish_record() -> None:
+    """Only "T"-headed records of kind "F" or "D" decode; a "D" record written by hand decodes
+    to its messages, and the same bytes without the head, under another kind or cut short
+    are refused."""
     batch = messages([5, 300, 0])
     body = b"".join(struct.pack(">I", len(m)) + m for m in batch)
     head = struct.pack(">H", 5) + b"topic" + struct.pack(">QII", 123, 305, 3)
-    assert decode_batch(b"D" + head + body) == ("topic", batch, 305, 123, 0)
-    before = time.monotonic_ns()
-    topic, records, body_bytes, due, _ = decode_batch(b"P" + head + body)
-    assert (topic, records, body_bytes) == ("topic", batch, 305) and before + 123 <= due <= time.monotonic_ns() + 123
-    with pytest.raises(ValueError):
-        decode_batch(b"D" + head + body[:-1])
+    sent = b"T" + struct.pack(">Q", 77)
+    assert decode_batch(sent + b"D" + head + body) == ("topic", batch, 305, 123, 77)
+    for bad in (b"D" + head + body, sent + b"P" + head + body, b"P" + head + body, sent + b"D" + head + body[:-1], b""):
+        with pytest.raises(ValueError):
+            decode_batch(bad)
 
 
 Owner = tuple[Broker, Inbound, ByteRing]
@@ -383,7 +384,7 @@ def owner(tmp_path: Path) -> Iterator[Owner]:
 
 def test_the_owner_drops_a_corrupt_record_untouched_and_stores_the_others(owner: Owner) -> None:
     """Real inbound ring 0 → 1 and the owner's real queues: a corrupt framed record is logged
-    and consumed without a byte of any log changing; a framed and an old "D" record behind it
+    and consumed without a byte of any log changing; a framed and a "D" record behind it
     are stored as a local publish of the same messages stores them."""
     broker, inbound, ring = owner
     local, cross = broker.get_topic("local"), broker.get_topic("t")
@@ -395,9 +396,7 @@ def test_the_owner_drops_a_corrupt_record_untouched_and_stores_the_others(owner:
     assert ring.put(bad)
     assert inbound.drain() == 1 and len(ring) == 0
     assert area(cross.channels["c"].queue) == before and cross.message_count == 0
-    old_record = (b"D" + struct.pack(">H", 1) + b"t" + struct.pack(">QII", 0, 2, len(old))
-                  + b"".join(struct.pack(">I", len(m)) + m for m in old))
-    assert ring.put_many([encode("t", good, 40_000, 0, framed=True), old_record]) == 2
+    assert ring.put_many([encode("t", good, 40_000, 0, framed=True), encode("t", old, 2, 0, framed=False)]) == 2
     assert inbound.drain() == 2
     local.put_many(good, 40_000)
     local.put_many(old, 2)
