@@ -57,7 +57,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import takewhile
 from operator import itemgetter
 
-from pynsqd.node.crossrecord import TIMED, Batch, decode_batch
+from pynsqd.node.crossrecord import Batch, decode_batch, sent_of
 from pynsqd.node.rings import ring_name, ring_size
 from pynsqd.shard.broker import Broker
 from pynsqd.shard.unit import Unit
@@ -77,7 +77,6 @@ STORE_RETRY = 1.0  # seconds before the owner retries a batch it could not store
 FUTURE = 10**9  # ns: a record sent this long after a drain's cutoff is corrupt
 
 Item = tuple[int, int, bytes]  # (sent, ring index, record)
-_SENT = struct.Struct(">Q")
 _sent = itemgetter(0)
 
 
@@ -245,7 +244,7 @@ class Inbound:
         items: list[Item] = []
         records = ring.peek_many(limit, DRAIN_BYTES)
         for data in records:
-            sent = _SENT.unpack_from(data, 1)[0] if data[:1] == TIMED and len(data) >= 9 else 0  # (sent_of)
+            sent = sent_of(data)
             if sent >= cutoff:
                 if sent - cutoff < FUTURE:
                     return items, False
