@@ -241,6 +241,15 @@ def test_deleted_and_leftover_segments_are_removed(nsqd_factory: Callable[..., D
     assert kept is not None and kept["depth"] == 1
 
 
+def remove_tree_in_use(path: Path) -> None:
+    """Remove the data path of a running node, which may write its metadata file (a
+    temporary file renamed over it) while the tree is walked: again until it is gone."""
+    def removed() -> bool:
+        shutil.rmtree(path, ignore_errors=True)
+        return not path.exists()
+    wait_for(removed, what=f"{path} removed")
+
+
 def test_shared_memory_of_a_killed_node_goes_once_its_data_path_is_removed(
         nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
     """kill -9 keeps a node's segments for its restart; once its data path is removed they
@@ -261,7 +270,7 @@ def test_shared_memory_of_a_killed_node_goes_once_its_data_path_is_removed(
     running = tmp_path / "running"
     nsqd_factory(data_path=running)
     shutil.rmtree(gone)
-    shutil.rmtree(running)
+    remove_tree_in_use(running)
     # Any node starting on this host reclaims too (other tests in parallel): what is checked
     # is that the segments go, and that what the command names is garbage.
     reclaim_shm = str(Path(sys.executable).parent / "nsqd-reclaim-shm")
