@@ -259,8 +259,8 @@ def test_a_data_path_that_refuses_new_files_is_named_with_the_file_it_refused(tm
                    "open /proc/.pynsqd-start.tmp: No such file or directory\n")
 
 
-def test_full_disk_fails_the_publish_and_damages_nothing(nsqd_factory: Callable[..., Daemon],
-                                                         tmp_path: Path) -> None:
+def test_full_disk_fails_the_publish_damages_nothing_and_a_stored_dpub_clears_health(
+        nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
     # every file of the node may grow to 64 KiB; Python ignores SIGXFSZ, so writes get EFBIG
     # (shared-memory segments count too: small messages keep them at ~20 KiB)
     nsqd = nsqd_factory("--mem-queue-size=0", "--max-msg-size=4096", "--mem-queue-bytes=16384",
@@ -282,6 +282,11 @@ def test_full_disk_fails_the_publish_and_damages_nothing(nsqd_factory: Callable[
     assert 50 <= len(stored) < 66
     ping = httpx.get(f"{nsqd.http_url}/ping", timeout=10)
     assert ping.status_code == 500 and ping.text.startswith("NOK - ")
+    with RawClient(nsqd.tcp) as p:  # a DPUB stored in the log writes no file: health is OK again
+        p.send(encode_dpub("full", 60_000, b"later"))
+        p.expect_ok()
+    ping = httpx.get(f"{nsqd.http_url}/ping", timeout=10)
+    assert ping.status_code == 200 and ping.text == "OK"
     with RawClient(nsqd.tcp) as c:
         c.subscribe("full", "ch", rdy=100)
         got = []
@@ -361,3 +366,4 @@ def test_the_scan_syncs_a_disk_queue_after_sync_timeout_with_no_further_writes(
     finally:
         for client in (c, ticks, p):
             client.close()
+
