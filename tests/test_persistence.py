@@ -18,7 +18,7 @@ import pytest
 from pynsqd.shm.segment import Segment, segment_name, unlink_segment
 from pynsqd.shm.store import NAME_PAGE
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_req
-from tests.support.harness import Daemon, scaled, wait_for, without_file_permission_overrides
+from testbed.harness import Daemon, scaled, wait_for, without_file_permission_overrides
 from tests.support.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 
