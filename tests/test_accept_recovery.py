@@ -5,6 +5,7 @@ accepted at once reaches the shard whole."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import time
@@ -161,3 +162,20 @@ def test_accepting_stops_short_of_the_limit_keeping_descriptors_for_connections_
         for conn in conns:
             conn.close()
     assert wait_for(lambda: _published(node.tcp), timeout=10, what="a TCP publish after the flood")
+
+
+def test_the_soft_descriptor_limit_is_raised_to_the_hard_one_as_go_programs_do(tmp_path: Path) -> None:
+    """Go's nsqd runs with its soft ``RLIMIT_NOFILE`` raised to the hard one (every Go program
+    since Go 1.19 does so at start): so do the supervisor and, inheriting it, its shards."""
+    daemon = Daemon("pynsqd.supervisor", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                                          f"--data-path={tmp_path}", "--shards=2"],
+                    wrapper=["prlimit", "--nofile=256:4096"])
+    daemon.start()
+    try:
+        shards = Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read_text().split()
+        assert len(shards) == 2
+        for pid in [daemon.pid, *map(int, shards)]:
+            assert resource.prlimit(pid, resource.RLIMIT_NOFILE) == (4096, 4096)
+    finally:
+        daemon.stop()
+        remove_segments([daemon])

@@ -77,7 +77,6 @@ class Acceptor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd = listener.fileno()
         self._paused: asyncio.TimerHandle | None = None
-        self.ceiling = descriptor_ceiling()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -116,6 +115,7 @@ class Acceptor:
             self._pause(STALL_POLL)
             return
         batch: Accepted = []
+        ceiling = descriptor_ceiling()  # read each time: an operator may change the limit (prlimit)
         for _ in range(ACCEPT_BATCH):
             try:
                 conn, addr = self.listener.accept()
@@ -126,9 +126,9 @@ class Acceptor:
                     continue
                 self._failed(exc)
                 break
-            if self.ceiling is not None and conn.fileno() >= self.ceiling:
+            if ceiling is not None and conn.fileno() >= ceiling:
                 conn.close()
-                self._failed(OSError(errno.EMFILE, f"Too many open files ({self.ceiling} in use; the rest are kept "
+                self._failed(OSError(errno.EMFILE, f"Too many open files ({ceiling} in use; the rest are kept "
                                                    "for connections handed between processes)"))
                 break
             if self.retry.failures:
