@@ -4,8 +4,11 @@ behaviours)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -507,6 +510,39 @@ def test_client_that_stops_reading_is_dropped_and_its_messages_requeued(
             other.expect_ok()
         ch = channel_stats(nsqd, "stuck", "ch")
         assert ch["in_flight_count"] == 0 and ch["depth"] == 40
+    finally:
+        lazy.close()
+
+
+def test_a_client_closed_for_silence_while_not_reading_is_still_dropped_at_its_write_deadline(
+        nsqd_factory: Callable[..., Daemon]) -> None:
+    """When the read deadline (two heartbeats without a byte) is the first one a scan sees,
+    the close waits for the output to be written, which a client that does not read never
+    allows: the write deadline still ends it. The shard is stopped past both deadlines so
+    that the read deadline is seen first."""
+    nsqd = nsqd_factory("--max-msg-size=2000000", "--shards=1")
+    with RawClient(nsqd.tcp) as p:
+        for _ in range(10):
+            p.send(encode_pub("silent", b"z" * 1_000_000))
+            p.expect_ok()
+    lazy = socket.create_connection(nsqd.tcp)
+    lazy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    lazy.sendall(b"  V2" + encode_identify(b'{"heartbeat_interval": 2000}')
+                 + encode_sub("silent", "ch") + encode_rdy(10))
+    try:
+        wait_for(lambda: channel_stats(nsqd, "silent", "ch")["in_flight_count"] > 0, timeout=10,
+                 what="messages in flight to the client that does not read")
+        with urllib.request.urlopen(nsqd.http_url + "/stats?format=json&include_shards=true", timeout=10) as resp:
+            shard = json.loads(resp.read())["supervisor"]["shard_status"][0]["pid"]
+        os.kill(shard, signal.SIGSTOP)
+        try:
+            time.sleep(4.5)  # the fault's length: past the write deadline (2 s) and the read deadline (4 s)
+        finally:
+            os.kill(shard, signal.SIGCONT)
+        wait_for(lambda: channel_stats(nsqd, "silent", "ch")["client_count"] == 0, timeout=10,
+                 what="the client that does not read to be dropped")
+        ch = channel_stats(nsqd, "silent", "ch")
+        assert ch["in_flight_count"] == 0 and ch["depth"] == 10
     finally:
         lazy.close()
 

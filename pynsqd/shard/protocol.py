@@ -427,18 +427,22 @@ class ClientV2(asyncio.Protocol):
         self.close()
 
     def check_deadlines(self, now: int) -> None:
-        """Called every scan: nsqd's read deadline (2 heartbeats) and write deadline (1)."""
+        """Called every scan: nsqd's read deadline (2 heartbeats) and write deadline (1).
+        The write deadline holds for a closing connection too: a close waits for what is
+        queued to be written, which a client that does not read never lets happen."""
         hb = self.session.settings.heartbeat_interval
-        if not hb or self._closing:
+        if not hb:
             return
-        if now - self._last_read > 2 * hb:
+        if self._write_paused_at and now - self._write_paused_at > hb:
+            log.info("client(%s) write timed out: not reading", self.remote_address)
+            self._write_paused_at = 0
+            self.broker.stuck.discard(self)
+            self._closing = True
+            if self.transport is not None:
+                self.transport.abort()
+        elif not self._closing and now - self._last_read > 2 * hb:
             log.info("client(%s) timed out: no data for %.1fs", self.remote_address, 2 * hb / 1e9)
             self.close()
-        elif self._write_paused_at and now - self._write_paused_at > hb:
-            log.info("client(%s) write timed out: not reading", self.remote_address)
-            if self.transport is not None:
-                self._closing = True
-                self.transport.abort()
 
     def arm_heartbeat(self) -> None:
         if self._heartbeat_timer is not None:
