@@ -5,14 +5,17 @@ accepted at once reaches the shard whole."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from pynsqd.supervisor.accept import RESERVE
 from pynsqd.wire.commands import encode_pub
 from tests.support.harness import Daemon, connect, remove_segments, scaled, wait_for
 from tests.support.rawclient import RawClient
@@ -112,3 +115,67 @@ def test_a_burst_of_http_connections_reaches_the_shard_whole(one_shard: Daemon) 
             conn.close()
     assert answers == [b"HTTP/1.1 200 OK"] * 60
     assert "descriptors sent with a message were lost" not in node.output
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_connections_a_shard_had_no_descriptors_for_are_not_kept_by_the_supervisor(limited_node: Daemon) -> None:
+    """Silent connections go to the shard in waves until it runs out of descriptors and the
+    kernel drops the ones sent to it: the shard says so, the supervisor tries again and
+    gives each up, so once the clients are gone it holds no more than before (it used to
+    keep each until a ten-minute answer deadline, and stopped accepting for good)."""
+    node = limited_node
+    before = _descriptors(node.pid)
+    conns: list[socket.socket] = []
+    try:
+        for _ in range(FLOOD // 20):  # 20 at a time: the supervisor hands each wave on before the next
+            conns += [connect(node.tcp) for _ in range(20)]
+            wait_for(lambda: _descriptors(node.pid) <= before + 5, timeout=scaled(10),
+                     what="the supervisor handing its connections on")
+        node.wait_for_log(r"descriptors sent with a message were lost", timeout=10)
+    finally:
+        for conn in conns:
+            conn.close()
+    wait_for(lambda: _descriptors(node.pid) <= before, timeout=scaled(10),
+             what=f"the supervisor back to its {before} descriptors")
+    assert wait_for(lambda: _published(node.tcp), timeout=10, what="a TCP publish after the flood")
+
+
+def test_accepting_stops_short_of_the_limit_keeping_descriptors_for_connections_handed_over(
+        limited_node: Daemon) -> None:
+    """The supervisor relays a replaced shard's connections (up to 253 in one message) and
+    spawns processes: under a flood it stops accepting while the last quarter of its
+    descriptors (up to ``RESERVE``) would be spent, rather than at the limit itself."""
+    node = limited_node
+    ceiling = NOFILE - min(RESERVE, NOFILE // 4)
+    conns = _flood(node.tcp)
+    try:
+        node.wait_for_log(rf"TCP: accept failed - .*\({ceiling} in use; the rest are kept", timeout=10)
+        seen = []
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # sampled through the flood: never up to the limit
+            seen.append(_descriptors(node.pid))
+        assert max(seen) < NOFILE - 4, max(seen)
+    finally:
+        for conn in conns:
+            conn.close()
+    assert wait_for(lambda: _published(node.tcp), timeout=10, what="a TCP publish after the flood")
+
+
+def test_the_soft_descriptor_limit_is_raised_to_the_hard_one_as_go_programs_do(tmp_path: Path) -> None:
+    """Go's nsqd runs with its soft ``RLIMIT_NOFILE`` raised to the hard one (every Go program
+    since Go 1.19 does so at start): so do the supervisor and, inheriting it, its shards."""
+    daemon = Daemon("pynsqd.supervisor", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                                          f"--data-path={tmp_path}", "--shards=2"],
+                    wrapper=["prlimit", "--nofile=256:4096"])
+    daemon.start()
+    try:
+        shards = Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read_text().split()
+        assert len(shards) == 2
+        for pid in [daemon.pid, *map(int, shards)]:
+            assert resource.prlimit(pid, resource.RLIMIT_NOFILE) == (4096, 4096)
+    finally:
+        daemon.stop()
+        remove_segments([daemon])

@@ -201,7 +201,7 @@ class Restorer:
         self.make_client = make_client  # (state, unread) -> a ClientV2 not yet connected
         self.topics: list[dict[str, Any]] = []
         self.moved: list[MovedClient] = []
-        self.fds: list[int] = []
+        self.fds: list[int | None] = []  # per moved connection; None: its descriptor was lost
         self.clients: list[ClientV2] = []
         self.held = 0
 
@@ -209,9 +209,13 @@ class Restorer:
         if part.topics is not None:
             self.topics = part.topics
         self.moved += part.clients
-        self.fds += fds[:len(part.clients)]
+        got = fds[:len(part.clients)]
         for extra in fds[len(part.clients):]:
             os.close(extra)
+        # Descriptors lost on the way (a process out of them: the kernel passes the first
+        # ones and drops the rest) leave their connections without a socket: each stays
+        # paired with its own state and is given up in ``connect``.
+        self.fds += [*got, *[None] * (len(part.clients) - len(got))]
 
     def restore_queues(self) -> None:
         """Topics and channels as the replaced process left them: each queue attaches to its
@@ -262,7 +266,11 @@ class Restorer:
         to their queues, as for any consumer that leaves)."""
         loop = asyncio.get_running_loop()
         failed = 0
-        for client, fd in zip(self.clients, self.fds):
+        for client, fd in zip(self.clients, self.fds, strict=True):
+            if fd is None:
+                client.connection_lost(ConnectionError("its descriptor was lost on the way (out of descriptors?)"))
+                failed += 1
+                continue
             sock = socket.socket(fileno=fd)
             try:
                 await loop.connect_accepted_socket(_factory(client), sock)

@@ -268,7 +268,9 @@ class ShardWorker:
 
     def _adopt(self, msg: Adopt, received: Received) -> None:
         fds = received.take_fds()
-        if not fds:
+        if not fds:  # lost on the way (this process out of descriptors): the supervisor still has it
+            if received.rid is not None and not self.control.closed:
+                self.control.reply(received, Failed("the connection's descriptor was lost (out of descriptors?)"))
             return
         for extra in fds[1:]:
             os.close(extra)

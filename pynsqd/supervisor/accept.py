@@ -17,6 +17,13 @@ again; the connections wait in
 the backlog meanwhile. A spell of failures is logged once when it begins and once when
 accepting works again, so a node out of descriptors neither spins nor floods its log, and
 serves as soon as descriptors are free.
+
+The last ``RESERVE`` descriptors under the limit (a quarter of it at most) are never spent on
+accepted connections: a shard replaced by a new one hands its connections over through this
+process (``reload.py``), up to ``MAX_FDS`` in one message, and a receiver without room for
+them would lose them. An accept that returns a descriptor in that reserve (descriptors are
+allocated lowest first, so every one below it is in use) closes that connection and backs off
+as a failed accept does.
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import resource
 import socket
 from collections.abc import Callable
 
 from pynsqd.backoff import Backoff
+from pynsqd.node.control import MAX_FDS
 
 log = logging.getLogger("pynsqd.supervisor")
 
@@ -36,6 +45,15 @@ STALL_POLL = 0.2  # seconds between looks while the hand-off cannot take connect
 RETRY_MIN = 0.005  # seconds before the first retry after a failed accept
 RETRY_MAX = 1.0  # the longest pause between retries
 _DEAD_IN_BACKLOG = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR}  # skip it, accept the next
+RESERVE = MAX_FDS + 32  # descriptors kept free for connections handed between processes, and pipes
+
+
+def descriptor_ceiling() -> int | None:
+    """The lowest descriptor number an accepted connection may not have (None: no limit)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return soft - min(RESERVE, soft // 4)
 
 Accepted = list[tuple[socket.socket, tuple[object, ...]]]
 HandOff = Callable[[Accepted], None]
@@ -97,6 +115,7 @@ class Acceptor:
             self._pause(STALL_POLL)
             return
         batch: Accepted = []
+        ceiling = descriptor_ceiling()  # read each time: an operator may change the limit (prlimit)
         for _ in range(ACCEPT_BATCH):
             try:
                 conn, addr = self.listener.accept()
@@ -106,6 +125,11 @@ class Acceptor:
                 if exc.errno in _DEAD_IN_BACKLOG:
                     continue
                 self._failed(exc)
+                break
+            if ceiling is not None and conn.fileno() >= ceiling:
+                conn.close()
+                self._failed(OSError(errno.EMFILE, f"Too many open files ({ceiling} in use; the rest are kept "
+                                                   "for connections handed between processes)"))
                 break
             if self.retry.failures:
                 log.info("%s: accepting again after %d failed attempt(s)", self.name, self.retry.failures)

@@ -69,6 +69,7 @@ from pynsqd.node.messages import (
     ConnectionState,
     CreateChannels,
     Exit,
+    Failed,
     HandOff,
     Handover,
     HealthRequest,
@@ -112,7 +113,8 @@ KILL_AFTER = 2.0
 SHUTDOWN_DEADLINE = float(os.environ.get("PYNSQD_SHUTDOWN_DEADLINE", "20"))
 TICK = 0.2  # seconds between reaping/heartbeat checks
 FIN_WAIT = 5.0  # seconds a shutting-down shard waits for consumers to FIN what they hold
-HANDOFF_TRIES = 5  # shards that may die under one connection before it is given up
+HANDOFF_TRIES = 5  # shards that may die (or lose its descriptor) under one connection before it is given up
+ADOPT_RETRY = 0.05  # seconds before the next try after a shard lost a connection's descriptor, times the tries
 
 
 class Supervisor:
@@ -487,17 +489,21 @@ class Supervisor:
         is a call: the shard answers before it reads a byte, and until then the connection is
         ours; a shard that dies first leaves it unread, for the process that replaces it."""
         try:
-            for _ in range(HANDOFF_TRIES):
+            for tries in range(HANDOFF_TRIES):
                 slot = await self._ready_slot(index)
                 channel = slot.channel if slot is not None else None
                 if self._stopping or channel is None or channel.closed:
                     return
                 try:
-                    await channel.call(Adopt(state, unread), [sock.fileno()], wait=ACK_WAIT)
+                    answer = await channel.call(Adopt(state, unread), [sock.fileno()], wait=ACK_WAIT)
                 except ConnectionError:
                     continue  # died first: its replacement (or another shard) gets it, unread
                 except TimeoutError:
                     pass  # alive but silent for that long: it may have it
+                else:
+                    if isinstance(answer, Failed):  # the descriptor did not reach it: again, after a pause
+                        await asyncio.sleep(ADOPT_RETRY * (tries + 1))
+                        continue
                 self.handoffs += 1
                 return
         finally:

@@ -6,15 +6,20 @@ channel holding its messages back."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+from pathlib import Path
 
+from pynsqd.node.config import NsqdOptions
 from pynsqd.node.control import ControlChannel, Received, channel_pair
 from pynsqd.node.identify import Settings
 from pynsqd.node.messages import ConnectionState, Done, Ready, StatsRequest
 from pynsqd.shard.backend import DropBackend
 from pynsqd.shard.channel import Channel
+from pynsqd.shard.node import make_broker
+from pynsqd.shard.protocol import ClientV2
 from pynsqd.shard.queue import MessageQueue
-from pynsqd.shard.transfer import MovedClient, Part
+from pynsqd.shard.transfer import MovedClient, Part, Restorer, capture
 from pynsqd.shard.unit import Unit
 from pynsqd.shm.log import IN_FLIGHT, MessageLog
 from pynsqd.shm.ring import buffer_size
@@ -133,4 +138,52 @@ def test_a_held_control_channel_sends_replies_only_then_everything_in_order() ->
         near.close()
         far.close()
         b.close()
+    asyncio.run(run())
+
+
+def test_connections_whose_descriptors_were_lost_on_the_way_are_given_up_and_the_rest_keep_their_own_state(
+        tmp_path: Path) -> None:
+    """A process out of descriptors receives the first of a message's descriptors and loses
+    the rest: each connection that arrived is served with its own state, and each that did
+    not is given up (as a consumer that leaves), never paired with another's socket."""
+    opts = NsqdOptions(data_path=str(tmp_path), mem_queue_size=1000)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        old = make_broker(opts)
+        peers = []
+        for i in range(3):
+            here, there = socket.socketpair()
+            state = ConnectionState(magic=True, remote=f"10.0.0.{i}:1")
+            await loop.connect_accepted_socket(lambda s=state: ClientV2(old, opts, None, (s, b"")), here)
+            peers.append(there)
+        await asyncio.sleep(0)
+        captured = capture(old)
+        (part, fds), = captured.parts
+        assert captured.moved == 3 and len(fds) == 3
+        for fd in fds[1:]:  # what the kernel drops when the receiver runs out of descriptors
+            os.close(fd)
+        new = make_broker(opts)
+        restorer = Restorer(new, lambda state, unread: ClientV2(new, opts, None, (state, unread)))
+        restorer.add(part, [fds[0]])
+        restorer.restore_queues()
+        assert await restorer.connect() == 2
+        (served,) = new.clients
+        first = part.clients[0].state.remote  # the connection whose descriptor arrived
+        assert served.remote_address == first
+        for peer in peers:
+            peer.setblocking(False)
+        arrived = peers.pop(int(first.split(".")[3].split(":")[0]))
+        await loop.sock_sendall(arrived, b"BOGUS\n")
+        assert b"E_INVALID" in await asyncio.wait_for(loop.sock_recv(arrived, 1024), 5)
+        for peer in peers:  # closed, not served as another connection
+            assert await asyncio.wait_for(loop.sock_recv(peer, 1024), 5) == b""
+        peers.append(arrived)
+        for peer in peers:
+            peer.close()
+        for client in list(new.clients):
+            assert client.transport is not None
+            client.transport.close()
+        await asyncio.sleep(0)
+
     asyncio.run(run())
