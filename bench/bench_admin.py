@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import Figures, report  # noqa: E402
-from tests.support.harness import Daemon, wait_for  # noqa: E402
+from testbed.harness import Daemon, wait_for  # noqa: E402
 
 # page → [(label, path)]: the HTML, then the /api calls its script makes.
 PAGES = {

@@ -33,8 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Figures
-from tests.support.harness import Daemon
-from tests.support.spark_helpers import Pipeline, publish, start_standalone
+from testbed.harness import Daemon
+from testbed.spark_helpers import Pipeline, publish, start_standalone
 
 CONFIGS = {"cluster": False, "cluster+dedupe": True, "local": False, "local+dedupe": True}
 SUBMIT = ["--conf", "spark.executor.cores=1", "--conf", "spark.cores.max=2", "--conf", "spark.executor.memory=1g",
@@ -43,7 +43,7 @@ SUBMIT = ["--conf", "spark.executor.cores=1", "--conf", "spark.cores.max=2", "--
 
 def channel_totals(nodes: list[Daemon], topic: str, channel: str) -> tuple[int, bool]:
     """FINs summed over the nodes' clients, and whether every node's channel is drained."""
-    from tests.support.spark_helpers import channel_stats
+    from testbed.spark_helpers import channel_stats
 
     fin, drained = 0, True
     for node in nodes:

@@ -9,16 +9,15 @@ integration tier; the rest, with ``tests/unit``, is the fast tier, run on every 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
-import uvloop
 
+from testbed.certs import Certs
+from testbed.harness import Daemon, remove_segments
+from testbed.loop import run_async  # noqa: F401  (tests import it from here)
 from tests.support.authserver import AuthServer
-from tests.support.certs import Certs
 from tests.support.containers import (  # noqa: F401  (session fixtures: a Docker engine and pynsqd's images)
     broker_image,
     docker_engine,
@@ -27,28 +26,7 @@ from tests.support.containers import (  # noqa: F401  (session fixtures: a Docke
     spark_image,
 )
 from tests.support.foreign import clients  # noqa: F401  (the fixture: test_http, test_auth, the client tests)
-from tests.support.harness import Daemon, remove_segments
 from tests.support.tiers import pytest_collection_modifyitems  # noqa: F401  (the tier of every test module)
-
-T = TypeVar("T")
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on a fresh uvloop loop; fail if any exception reached the loop's handler."""
-    errors: list[dict[str, Any]] = []
-
-    def on_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        errors.append(context)
-
-    async def wrapper() -> T:
-        asyncio.get_running_loop().set_exception_handler(on_error)
-        return await coro
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        result = runner.run(wrapper())
-    if errors:
-        raise AssertionError(f"unhandled exception(s) in the event loop: {errors}")
-    return result
 
 
 @pytest.fixture

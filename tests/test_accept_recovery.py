@@ -17,7 +17,7 @@ import pytest
 
 from pynsqd.supervisor.accept import RESERVE
 from pynsqd.wire.commands import encode_pub
-from tests.support.harness import Daemon, connect, remove_segments, scaled, wait_for
+from testbed.harness import Daemon, connect, remove_segments, scaled, wait_for
 from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.slow

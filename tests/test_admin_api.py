@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from testbed.harness import Daemon, wait_for
 from tests.support.admin_helpers import Cluster, Graphite, Notifications, addr, cluster, free_port
-from tests.support.harness import Daemon, wait_for
 from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.slow

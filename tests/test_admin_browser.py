@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from testbed.harness import Daemon, scaled, wait_for
 from tests.support.admin_helpers import AuthProxy, Cluster, Graphite, addr, cluster
-from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 
 CHROMIUM = "/usr/bin/chromium"

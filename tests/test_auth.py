@@ -14,10 +14,10 @@ import pytest
 
 from pynsqd.shard.auth import AuthError, AuthState
 from pynsqd.wire.commands import encode_auth, encode_dpub, encode_identify, encode_mpub, encode_pub, encode_sub
+from testbed.certs import Certs
+from testbed.harness import Daemon, wait_for
 from tests.support.authserver import AuthServer, grant
-from tests.support.certs import Certs
 from tests.support.foreign import ClientProc, consume, publish
-from tests.support.harness import Daemon, wait_for
 from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.fast

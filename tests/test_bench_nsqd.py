@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Daemon, scaled, wait_for
+from testbed.harness import Daemon, scaled, wait_for
 
 pytestmark = pytest.mark.fast
 

@@ -12,8 +12,8 @@ from pynsqd.client.batch import FrameSplitter, MessageRun
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE, HEARTBEAT, HEARTBEAT_FRAME, encode_frame
 from pynsqd.wire.message import encode_message
+from testbed.harness import Daemon
 from tests.conftest import run_async
-from tests.support.harness import Daemon
 from tests.test_client_library import channel_stats, tcp, until
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from pynsqd.client import BatchConsumer, Consumer, MessageBatch, Producer
+from testbed.harness import Daemon, scaled
 from tests.conftest import run_async
-from tests.support.harness import Daemon, scaled
 from tests.test_client_library import tcp, until
 from tests.test_discovery import lookup, lookupd_factory, node_address, registered_nsqd  # noqa: F401
 

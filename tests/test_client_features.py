@@ -21,11 +21,11 @@ from pynsqd.client import (
     TLSOptions,
     TransportError,
 )
+from testbed.certs import Certs
+from testbed.harness import Daemon, scaled
 from tests.conftest import run_async
 from tests.support.authserver import AuthServer, grant
-from tests.support.certs import Certs
 from tests.support.fake_nsqd import FakeNsqd
-from tests.support.harness import Daemon, scaled
 from tests.test_client_library import tcp, until
 from tests.test_features_wire import client_stats
 from tests.test_tools import procs, start  # noqa: F401  (procs: the fixture)

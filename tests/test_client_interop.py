@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from pynsqd.client import Consumer, Producer
+from testbed.harness import Daemon, wait_for
 from tests.conftest import run_async
 from tests.support.foreign import KINDS, ClientProc, client_count, consume, publish
-from tests.support.harness import Daemon, wait_for
 from tests.test_client_library import tcp, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]

@@ -24,9 +24,9 @@ from pynsqd.client import (
     SyncProducer,
 )
 from pynsqd.wire.commands import encode_touch
+from testbed.harness import Daemon, scaled
 from tests.conftest import run_async
 from tests.support.fake_nsqd import FakeNsqd
-from tests.support.harness import Daemon, scaled
 
 pytestmark = pytest.mark.fast
 

@@ -18,7 +18,7 @@ import pytest
 from pynsqd.node.shmowner import RECORD
 from pynsqd.shm.segment import list_segments, node_prefix, unlink_segment
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_req
-from tests.support.harness import Daemon, scaled, wait_for
+from testbed.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from pynsqd.wire.commands import encode_mpub, encode_pub, encode_rdy, encode_sub
+from testbed.harness import Daemon, connect, scaled, wait_for
 from tests.support.cputime import Snapshot, spent_since, tree_cpu
-from tests.support.harness import Daemon, connect, scaled, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from pynsqd.lookupd.config import parse_args as lookupd_args
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.config import parse_args as nsqd_args
 from pynsqd.shared_flags import LOG_LEVELS
-from tests.support.harness import Daemon, remove_segments
+from testbed.harness import Daemon, remove_segments
 
 pytestmark = pytest.mark.fast
 

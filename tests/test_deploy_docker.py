@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from testbed.harness import scaled, wait_for
 from tests.support.containers import BASE_IMAGE, PREFIX, Engine
-from tests.support.harness import scaled, wait_for
 
 MESSAGES = 300  # published over the three nodes, read by the Spark pipeline
 

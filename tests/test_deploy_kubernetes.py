@@ -20,7 +20,7 @@ from pynsqd.admin.config import parse_args as admin_args
 from pynsqd.lookupd.config import parse_args as lookupd_args
 from pynsqd.node.config import parse_args as nsqd_args
 from pynsqd.supervisor.arbiter import SHUTDOWN_DEADLINE
-from tests.support.harness import scaled
+from testbed.harness import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"

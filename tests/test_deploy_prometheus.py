@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.support.harness import Daemon, remove_segments, scaled, wait_for
+from testbed.harness import Daemon, remove_segments, scaled, wait_for
 from tests.support.rawclient import RawClient
 
 ROOT = Path(__file__).resolve().parent.parent

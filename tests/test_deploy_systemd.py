@@ -32,8 +32,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from testbed.harness import Daemon, remove_segments, scaled, wait_for
 from tests.support.containers import BASE_IMAGE, PREFIX, Engine
-from tests.support.harness import Daemon, remove_segments, scaled, wait_for
 from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from pynsqd.shm.segment import list_segments
+from testbed.harness import Daemon, scaled, wait_for
 from tests.support.foreign import ClientProc, publish, run
-from tests.support.harness import Daemon, scaled, wait_for
 
 pytestmark = pytest.mark.slow
 

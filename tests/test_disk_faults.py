@@ -20,7 +20,7 @@ import pytest
 
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub
 from pynsqd.wire.frames import FRAME_RESPONSE
-from tests.support.harness import Daemon, scaled, wait_for
+from testbed.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.slow

@@ -27,7 +27,7 @@ from pynsqd.shm.log import DEFERRED, MessageLog
 from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.commands import encode_dpub, encode_fin
 from pynsqd.wire.message import HEADER
-from tests.support.harness import Daemon, scaled, wait_for
+from testbed.harness import Daemon, scaled, wait_for
 from tests.support.queues import recover
 from tests.support.rawclient import RawClient
 

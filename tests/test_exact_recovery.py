@@ -23,7 +23,7 @@ import pytest
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_req
 from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE
 from pynsqd.wire.message import decode_message
-from tests.support.harness import Daemon, scaled, wait_for
+from testbed.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.slow

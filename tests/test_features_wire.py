@@ -16,8 +16,8 @@ import pytest
 from pynsqd.wire.commands import encode_identify, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.compression import DeflateCodec, SnappyCodec
 from pynsqd.wire.frames import FRAME_RESPONSE
-from tests.support.certs import Certs
-from tests.support.harness import Daemon
+from testbed.certs import Certs
+from testbed.harness import Daemon
 from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.fast

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from testbed.harness import scaled, wait_for
 from tests.support.admin_helpers import free_port
-from tests.support.harness import scaled, wait_for
 
 pytestmark = pytest.mark.slow
 

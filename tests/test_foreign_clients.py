@@ -11,8 +11,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from testbed.harness import Daemon, wait_for
 from tests.support.foreign import KINDS, ClientProc, channel_stats, client_count, consume, publish
-from tests.support.harness import Daemon, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
 

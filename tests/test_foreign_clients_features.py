@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.certs import Certs
+from testbed.certs import Certs
+from testbed.harness import Daemon, wait_for
 from tests.support.foreign import ClientProc, channel_stats, consume, publish
-from tests.support.harness import Daemon, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
 

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pynsqd.shard.stats import format_text, rfc3339
 from pynsqd.wire.commands import encode_fin, encode_pub, encode_req, encode_touch
+from testbed.harness import Daemon, scaled, wait_for
 from tests.support.foreign import ClientProc, consume
-from tests.support.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.fast

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pynsqd.httpparse import GO_BAD_REQUEST
-from tests.support.harness import Daemon, scaled, wait_for
+from testbed.harness import Daemon, scaled, wait_for
 
 pytestmark = pytest.mark.fast
 

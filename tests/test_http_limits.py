@@ -28,8 +28,8 @@ from pynsqd.httpparse import (
 )
 from pynsqd.httpparse import GO_HEAD_TOO_LARGE as HEAD_TOO_LARGE
 from pynsqd.httpparse import GO_VERSION_NOT_SUPPORTED as VERSION_NOT_SUPPORTED
-from tests.support.certs import Certs
-from tests.support.harness import Daemon, remove_segments, scaled, wait_for
+from testbed.certs import Certs
+from testbed.harness import Daemon, remove_segments, scaled, wait_for
 from tests.support.lookupd_helpers import BASE_ARGS
 
 pytestmark = pytest.mark.fast

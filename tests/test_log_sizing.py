@@ -19,7 +19,7 @@ from pynsqd.shm.segment import Segment, list_segments, segment_name, unlink_segm
 from pynsqd.shm.sizing import Grower, Host, HostRoom, LogSizing, plan
 from pynsqd.wire.commands import encode_mpub
 from pynsqd.wire.message import HEADER
-from tests.support.harness import Daemon, scaled, wait_for
+from testbed.harness import Daemon, scaled, wait_for
 from tests.support.queues import recover
 from tests.support.rawclient import RawClient
 from tests.test_durability_gaps import disk_queue

@@ -11,7 +11,7 @@ import pytest
 from pynsqd import NSQ_VERSION
 from pynsqd.httpkit import go_json, parse_query
 from pynsqd.wire.lookup import IdentifyInfo, encode_register
-from tests.support.harness import Daemon
+from testbed.harness import Daemon
 from tests.support.lookupd_helpers import Producer, http, lookupd
 
 pytestmark = pytest.mark.fast

@@ -17,7 +17,7 @@ from pynsqd import NSQ_VERSION
 from pynsqd.lookupd.config import parse_args
 from pynsqd.options import SECOND
 from pynsqd.wire.lookup import PING, IdentifyInfo, encode_identify, encode_register, encode_unregister
-from tests.support.harness import Daemon, wait_for
+from testbed.harness import Daemon, wait_for
 from tests.support.lookupd_helpers import PRODUCER, Producer, http, lookupd, ms, shut_write, stop
 
 pytestmark = pytest.mark.fast

@@ -14,8 +14,8 @@ import pytest
 
 from pynsqd.supervisor.statsd import StatsdLines, packets, statsd_prefix
 from pynsqd.wire.commands import encode_fin, encode_pub, encode_rdy, encode_req, encode_sub
-from tests.support.certs import Certs
-from tests.support.harness import Daemon, scaled, wait_for
+from testbed.certs import Certs
+from testbed.harness import Daemon, scaled, wait_for
 from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -13,8 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pynsqd.shm.segment import Segment, segment_name, unlink_segment
+from pynsqd.shm.store import NAME_PAGE
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_req
-from tests.support.harness import Daemon, scaled, wait_for, without_file_permission_overrides
+from testbed.harness import Daemon, scaled, wait_for, without_file_permission_overrides
 from tests.support.rawclient import RawClient
 from tests.test_protocol import channel_stats, topic_stats
 
@@ -259,8 +263,8 @@ def test_a_data_path_that_refuses_new_files_is_named_with_the_file_it_refused(tm
                    "open /proc/.pynsqd-start.tmp: No such file or directory\n")
 
 
-def test_full_disk_fails_the_publish_and_damages_nothing(nsqd_factory: Callable[..., Daemon],
-                                                         tmp_path: Path) -> None:
+def test_full_disk_fails_the_publish_damages_nothing_and_a_stored_dpub_clears_health(
+        nsqd_factory: Callable[..., Daemon], tmp_path: Path) -> None:
     # every file of the node may grow to 64 KiB; Python ignores SIGXFSZ, so writes get EFBIG
     # (shared-memory segments count too: small messages keep them at ~20 KiB)
     nsqd = nsqd_factory("--mem-queue-size=0", "--max-msg-size=4096", "--mem-queue-bytes=16384",
@@ -282,6 +286,11 @@ def test_full_disk_fails_the_publish_and_damages_nothing(nsqd_factory: Callable[
     assert 50 <= len(stored) < 66
     ping = httpx.get(f"{nsqd.http_url}/ping", timeout=10)
     assert ping.status_code == 500 and ping.text.startswith("NOK - ")
+    with RawClient(nsqd.tcp) as p:  # a DPUB stored in the log writes no file: health is OK again
+        p.send(encode_dpub("full", 60_000, b"later"))
+        p.expect_ok()
+    ping = httpx.get(f"{nsqd.http_url}/ping", timeout=10)
+    assert ping.status_code == 200 and ping.text == "OK"
     with RawClient(nsqd.tcp) as c:
         c.subscribe("full", "ch", rdy=100)
         got = []
@@ -361,3 +370,45 @@ def test_the_scan_syncs_a_disk_queue_after_sync_timeout_with_no_further_writes(
     finally:
         for client in (c, ticks, p):
             client.close()
+
+
+def test_a_corrupt_shared_memory_log_stops_the_node_and_is_left_as_it_is(nsqd_factory: Callable[..., Daemon],
+                                                                          tmp_path: Path) -> None:
+    """A queue's log that fails its checks at restart is neither walked nor written over:
+    the node refuses to start, names the segment, and the segment keeps every byte."""
+    nsqd = nsqd_factory("--shards=1", data_path=tmp_path)
+    with RawClient(nsqd.tcp) as p:
+        for i in range(3):
+            p.send(encode_pub("kept", b"m%d" % i))
+            p.expect_ok()
+    dat = tmp_path / "nsqd.dat"
+    wait_for(lambda: dat.exists() and b'"kept"' in dat.read_bytes(), 10, what="kept in nsqd.dat")
+    nsqd.kill()
+    name = segment_name(str(tmp_path), "topic", "kept")
+    segment = Segment.open(name, 0, create=False)
+    try:
+        segment.buf[NAME_PAGE:NAME_PAGE + 8] = bytes(8)  # the log's magic
+        left = bytes(segment.buf)
+    finally:
+        segment.close()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "pynsqd.supervisor", "--shards=1", f"--data-path={tmp_path}",
+                                 "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=scaled(30))
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+        assert proc.returncode == 1, err
+        assert f"topic kept: its shared-memory log is unusable (not a ring (bad magic)); it is left as it is: " \
+               f"remove /dev/shm{name} to start the queue empty" in err
+        assert "Traceback" not in out + err
+        segment = Segment.open(name, 0, create=False)
+        try:
+            assert bytes(segment.buf) == left
+        finally:
+            segment.close()
+    finally:
+        unlink_segment(name)

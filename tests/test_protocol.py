@@ -26,7 +26,7 @@ from pynsqd.wire.commands import (
     encode_sub,
     encode_touch,
 )
-from tests.support.harness import Daemon, connect, wait_for
+from testbed.harness import Daemon, connect, wait_for
 from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.fast

@@ -23,8 +23,8 @@ from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import encode_fin, encode_identify, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE, FrameParser
 from pynsqd.wire.message import decode_message
+from testbed.harness import Daemon, scaled
 from tests.conftest import run_async
-from tests.support.harness import Daemon, scaled
 
 pytestmark = pytest.mark.slow
 

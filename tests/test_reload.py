@@ -25,8 +25,8 @@ import pynsqd
 from pynsqd.shm.segment import node_prefix
 from pynsqd.wire.commands import encode_fin, encode_pub, encode_rdy, encode_req, encode_sub
 from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE
-from tests.support.certs import Certs
-from tests.support.harness import Daemon, remove_segments, scaled, wait_for
+from testbed.certs import Certs
+from testbed.harness import Daemon, remove_segments, scaled, wait_for
 from tests.support.rawclient import Message, RawClient
 
 pytestmark = pytest.mark.slow

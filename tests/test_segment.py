@@ -15,7 +15,7 @@ import pytest
 
 from pynsqd.shm.ring import ByteRing, buffer_size
 from pynsqd.shm.segment import MAX_NAME, Segment, SegmentError, list_segments, segment_name, unlink_segment
-from tests.support.harness import wait_for
+from testbed.harness import wait_for
 from tests.support.shm_worker import payload
 
 pytestmark = pytest.mark.fast

@@ -15,7 +15,7 @@ import pytest
 
 from pynsqd.node.shmowner import OwnerRecord, reclaim, why_gone
 from pynsqd.shm.segment import SHM_DIR, Segment, list_segments, segment_name, unlink_segment
-from tests.support.harness import scaled, without_file_permission_overrides
+from testbed.harness import scaled, without_file_permission_overrides
 
 pytestmark = pytest.mark.fast
 

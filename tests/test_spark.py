@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from pynsqd.client import SyncProducer
-from tests.support.harness import Daemon, decoy_checkout, scaled, wait_for
-from tests.support.spark_helpers import (
+from testbed.harness import Daemon, decoy_checkout, scaled, wait_for
+from testbed.spark_helpers import (
     Pipeline,
     channel_stats,
     committed,

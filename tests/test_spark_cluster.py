@@ -26,8 +26,8 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
-from tests.support.harness import Daemon, wait_for
-from tests.support.spark_helpers import (
+from testbed.harness import Daemon, wait_for
+from testbed.spark_helpers import (
     Pipeline,
     SparkProcess,
     channel_stats,

@@ -27,10 +27,10 @@ from pynsqd.node.control import PROXY_WAIT
 from pynsqd.shm.segment import list_segments
 from pynsqd.wire.commands import encode_auth, encode_dpub, encode_fin, encode_mpub, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE
+from testbed.certs import Certs
+from testbed.harness import Daemon, decoy_checkout, remove_segments, scaled, wait_for
 from tests.conftest import run_async
 from tests.support.authserver import AuthServer, grant
-from tests.support.certs import Certs
-from tests.support.harness import Daemon, decoy_checkout, remove_segments, scaled, wait_for
 from tests.support.nodeclient import Consumer, Producer
 from tests.support.rawclient import Message, RawClient
 

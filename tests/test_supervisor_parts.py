@@ -26,6 +26,7 @@ from pynsqd.node.messages import (
     Adopt,
     Changed,
     ConnectionState,
+    ControlMessage,
     CreateChannels,
     Done,
     Exit,
@@ -34,7 +35,6 @@ from pynsqd.node.messages import (
     Health,
     HealthRequest,
     HTTPResponse,
-    Message,
     Proxy,
     Quiesce,
     Ready,
@@ -107,7 +107,7 @@ def test_placement_for_another_shard_count_is_rebalanced(tmp_path: Path) -> None
 def test_control_channel_carries_requests_big_payloads_and_fds() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        got: list[tuple[Message, list[int]]] = []
+        got: list[tuple[ControlMessage, list[int]]] = []
         second = asyncio.Event()
 
         def server(chan: ControlChannel, received: Received) -> None:
@@ -190,7 +190,7 @@ def test_control_channel_closes_descriptors_a_handler_does_not_take() -> None:
     StatsDocument(b'{"topics":[]}'), Health("NOK - disk"), HTTPResponse(404, [["a", "b"]], b"x"),
     Failed("down"), Done(),
 ])
-def test_every_control_message_survives_the_wire(message: Message) -> None:
+def test_every_control_message_survives_the_wire(message: ControlMessage) -> None:
     header, payload = message.encode()
     assert decode_message(orjson.loads(orjson.dumps(header)), payload) == message
 

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from testbed.harness import Daemon, scaled, wait_for
 from tests.support.foreign import channel_stats
-from tests.support.harness import Daemon, scaled, wait_for
 from tests.test_discovery import lookupd_factory, registered_nsqd  # noqa: F401
 
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ from pynsqd.shm.segment import list_segments, unlink_segment
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_mpub, encode_pub, encode_rdy
 from pynsqd.wire.frames import FRAME_RESPONSE
 from pynsqd.wire.message import HEADER
-from tests.support.harness import Daemon, scaled, wait_for
+from testbed.harness import Daemon, scaled, wait_for
 from tests.support.queues import recover
 from tests.support.rawclient import RawClient
 

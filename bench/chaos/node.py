@@ -22,7 +22,7 @@ import psutil
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import encode_dpub, encode_fin, encode_pub, encode_rdy, encode_sub
 from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE, FrameParser
-from tests.support.harness import Daemon, remove_segments
+from testbed.harness import Daemon, remove_segments
 
 WORKER_ENV = "PYNSQD_WORKER"  # names a shard process and its index (the supervisor's contract)
 PROBE_CHANNEL = "probe"

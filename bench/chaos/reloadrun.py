@@ -41,7 +41,7 @@ from bench.chaos.node import Node, raise_own_nofile
 from pynsqd.wire import MAGIC_V2
 from pynsqd.wire.commands import encode_pub
 from pynsqd.wire.frames import FRAME_RESPONSE, FrameParser
-from tests.support.certs import Certs
+from testbed.certs import Certs
 
 PROBE_TOPIC = "reload_probe#ephemeral"
 UPGRADED = {"tls_t": "tls", "snappy_t": "snappy"}  # topic → its one channel, for an upgraded consumer

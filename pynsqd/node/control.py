@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from pynsqd.node.messages import Message, decode_message
+from pynsqd.node.messages import ControlMessage, decode_message
 
 log = logging.getLogger("pynsqd.control")
 
@@ -53,7 +53,7 @@ class Received:
 
     __slots__ = ("fds", "message", "rid")
 
-    def __init__(self, message: Message, fds: list[int], rid: int | None) -> None:
+    def __init__(self, message: ControlMessage, fds: list[int], rid: int | None) -> None:
         self.message = message
         self.fds = fds
         self.rid = rid
@@ -113,7 +113,7 @@ class ControlChannel:
         self._writing = False
         self._partial: list[bytes] = []
         self._partial_fds: list[int] = []
-        self._calls: dict[int, asyncio.Future[Message]] = {}
+        self._calls: dict[int, asyncio.Future[ControlMessage]] = {}
         self._next_rid = 0
         self._when_sent: list[Callable[[], None]] = []
         self._held: list[tuple[dict[str, Any], bytes, list[int]]] | None = None  # ``hold``
@@ -123,7 +123,7 @@ class ControlChannel:
         loop.add_reader(self.sock.fileno(), self._readable)
 
     # --- sending --------------------------------------------------------------------------
-    def send(self, message: Message, fds: list[int] | None = None) -> None:
+    def send(self, message: ControlMessage, fds: list[int] | None = None) -> None:
         """Queue ``message``. ``fds`` are duplicated here (close yours whenever you like); the
         duplicates are closed once the kernel has taken the message."""
         header, payload = message.encode()
@@ -232,12 +232,12 @@ class ControlChannel:
         while not done.done() and not self.closed:
             await asyncio.wait([done], timeout=0.05)
 
-    async def call(self, message: Message, fds: list[int] | None = None, wait: float = 10.0) -> Message:
+    async def call(self, message: ControlMessage, fds: list[int] | None = None, wait: float = 10.0) -> ControlMessage:
         """Send a request and wait for its reply. Raises ``ConnectionError``/``TimeoutError``."""
         assert self._loop is not None
         self._next_rid += 1
         rid = self._next_rid
-        fut: asyncio.Future[Message] = self._loop.create_future()
+        fut: asyncio.Future[ControlMessage] = self._loop.create_future()
         self._calls[rid] = fut
         try:
             header, payload = message.encode()
@@ -246,7 +246,7 @@ class ControlChannel:
         finally:
             self._calls.pop(rid, None)
 
-    def reply(self, request: Received, message: Message) -> None:
+    def reply(self, request: Received, message: ControlMessage) -> None:
         """Answer ``request`` (a ``call`` of the peer) with ``message``."""
         if not self.closed:
             header, payload = message.encode()

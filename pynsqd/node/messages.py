@@ -34,11 +34,11 @@ from pynsqd.node.frozen import Frozen, frozen
 from pynsqd.node.identify import Settings
 from pynsqd.node.metadata import TopicRecord
 
-M = TypeVar("M", bound="Message")
-_REGISTRY: dict[str, type[Message]] = {}
+M = TypeVar("M", bound="ControlMessage")
+_REGISTRY: dict[str, type[ControlMessage]] = {}
 
 
-class Message(Frozen):
+class ControlMessage(Frozen):
     """A control message; subclasses are ``frozen`` records that set ``op`` and are
     registered by ``message``."""
 
@@ -73,7 +73,7 @@ def message(cls: type[M]) -> type[M]:
     return cls
 
 
-def decode_message(header: dict[str, Any], payload: bytes) -> Message:
+def decode_message(header: dict[str, Any], payload: bytes) -> ControlMessage:
     """A header and payload from the channel → the message. Raises ``ValueError``."""
     cls = _REGISTRY.get(header.get("op", ""))
     if cls is None:
@@ -106,7 +106,7 @@ class ConnectionState:
 # --- supervisor → shard ------------------------------------------------------------------------
 @message
 @frozen
-class Adopt(Message):
+class Adopt(ControlMessage):
     """Serve this TCP connection (the descriptor), from where ``HandOff``/``greet`` left it."""
 
     op: ClassVar[str] = "adopt"
@@ -120,7 +120,7 @@ class Adopt(Message):
 
 @message
 @frozen
-class ServeHTTP(Message):
+class ServeHTTP(ControlMessage):
     """Serve these HTTP (``tls``: HTTPS) connections (the descriptors); from a shard being
     replaced: idle ones, for the supervisor to hand to a shard that serves."""
 
@@ -130,7 +130,7 @@ class ServeHTTP(Message):
 
 @message
 @frozen
-class RunHTTP(Message):
+class RunHTTP(ControlMessage):
     """Run this admin request here, the topic's owner; answered with ``HTTPResponse``."""
 
     op: ClassVar[str] = "http"
@@ -143,7 +143,7 @@ class RunHTTP(Message):
 
 @message
 @frozen
-class CreateChannels(Message):
+class CreateChannels(ControlMessage):
     """A new topic's channels as lookupd knows them (nsqd's channel pre-creation)."""
 
     op: ClassVar[str] = "create_channels"
@@ -153,7 +153,7 @@ class CreateChannels(Message):
 
 @message
 @frozen
-class Quiesce(Message):
+class Quiesce(ControlMessage):
     """Shutdown phase 1: stop delivering, wait up to ``wait`` s for FIN/REQ, close clients;
     answered with ``Done``."""
 
@@ -163,7 +163,7 @@ class Quiesce(Message):
 
 @message
 @frozen
-class Exit(Message):
+class Exit(ControlMessage):
     """Shutdown phase 2: drain the inbound rings, close the queues, send the last snapshot."""
 
     op: ClassVar[str] = "exit"
@@ -171,7 +171,7 @@ class Exit(Message):
 
 @message
 @frozen
-class Drain(Message):
+class Drain(ControlMessage):
     """Replacement phase 1 (``supervisor/reload.py``): hand idle HTTP connections back, let
     busy ones finish (up to ``wait`` s), sync the disk queues; TCP is served meanwhile.
     Answered with ``Done``."""
@@ -182,7 +182,7 @@ class Drain(Message):
 
 @message
 @frozen
-class Release(Message):
+class Release(ControlMessage):
     """Replacement phase 2: stop, send everything as ``Handover`` parts, answer ``Done``, exit."""
 
     op: ClassVar[str] = "release"
@@ -190,7 +190,7 @@ class Release(Message):
 
 @message
 @frozen
-class Hold(Message):
+class Hold(ControlMessage):
     """Send nothing but replies until ``Resume`` (the supervisor is about to re-execute
     itself); answered with ``Done``."""
 
@@ -199,7 +199,7 @@ class Hold(Message):
 
 @message
 @frozen
-class Resume(Message):
+class Resume(ControlMessage):
     """Send what ``Hold`` kept back, then a ``Snapshot``: a new supervisor image listens."""
 
     op: ClassVar[str] = "resume"
@@ -208,14 +208,14 @@ class Resume(Message):
 # --- shard → supervisor ------------------------------------------------------------------------
 @message
 @frozen
-class Ready(Message):
+class Ready(ControlMessage):
     op: ClassVar[str] = "ready"
     version: str  # the pynsqd the shard runs (a reload or an upgrade changes it)
 
 
 @message
 @frozen
-class Standby(Message):
+class Standby(ControlMessage):
     """A replacement shard booted and waits for its predecessor's ``Handover``."""
 
     op: ClassVar[str] = "standby"
@@ -223,7 +223,7 @@ class Standby(Message):
 
 @message
 @frozen
-class Snapshot(Message):
+class Snapshot(ControlMessage):
     """The shard's topics and channels with their paused flags (at its start, its exit, and
     when a new supervisor image asks)."""
 
@@ -241,7 +241,7 @@ class Snapshot(Message):
 
 @message
 @frozen
-class Updated(Message):
+class Updated(ControlMessage):
     """Topics of the shard that changed (created, paused, a channel created, paused or deleted)
     as they now are, and the names of those deleted: a ``Snapshot`` of only what changed."""
 
@@ -260,7 +260,7 @@ class Updated(Message):
 
 @message
 @frozen
-class Changed(Message):
+class Changed(ControlMessage):
     """A topic (``channel`` None) or channel was ``created`` or ``deleted``."""
 
     op: ClassVar[str] = "changed"
@@ -271,7 +271,7 @@ class Changed(Message):
 
 @message
 @frozen
-class HandOff(Message):
+class HandOff(ControlMessage):
     """Give this connection (the descriptor) to ``shard`` as an ``Adopt``."""
 
     op: ClassVar[str] = "handoff"
@@ -287,7 +287,7 @@ class HandOff(Message):
 
 @message
 @frozen
-class Proxy(Message):
+class Proxy(ControlMessage):
     """Run this admin request at ``shard``; answered with ``HTTPResponse`` or ``Failed``."""
 
     op: ClassVar[str] = "proxy"
@@ -305,7 +305,7 @@ class Proxy(Message):
 # --- both ways ---------------------------------------------------------------------------------
 @message
 @frozen
-class Handover(Message):
+class Handover(ControlMessage):
     """Part ``part`` of a replaced shard's state (``shard/transfer.py``: ``doc`` is its
     encoding; the descriptors are the connections it names); ``last`` ends it."""
 
@@ -317,7 +317,7 @@ class Handover(Message):
 
 @message
 @frozen
-class StatsRequest(Message):
+class StatsRequest(ControlMessage):
     """A stats document (``/stats``'s query); answered with ``StatsDocument``."""
 
     op: ClassVar[str] = "stats"
@@ -331,7 +331,7 @@ class StatsRequest(Message):
 
 @message
 @frozen
-class HealthRequest(Message):
+class HealthRequest(ControlMessage):
     """Answered with ``Health``: the shard's, or from the supervisor the node's."""
 
     op: ClassVar[str] = "health"
@@ -339,7 +339,7 @@ class HealthRequest(Message):
 
 @message
 @frozen
-class SetConfig(Message):
+class SetConfig(ControlMessage):
     """``PUT /config/<opt>`` with ``value`` succeeded somewhere: apply it here too."""
 
     op: ClassVar[str] = "config"
@@ -350,14 +350,14 @@ class SetConfig(Message):
 # --- replies -----------------------------------------------------------------------------------
 @message
 @frozen
-class StatsDocument(Message):
+class StatsDocument(ControlMessage):
     op: ClassVar[str] = "stats_document"
     doc: bytes  # JSON
 
 
 @message
 @frozen
-class ShardDocuments(Message):
+class ShardDocuments(ControlMessage):
     """The supervisor's answer to a shard's ``StatsRequest``: the other shards' documents as
     they sent them, joined without being parsed, for the asking shard to merge with its own:
     ``{"docs": [...], "supervisor": {...} or null, "start_time": n}``."""
@@ -368,14 +368,14 @@ class ShardDocuments(Message):
 
 @message
 @frozen
-class Health(Message):
+class Health(ControlMessage):
     op: ClassVar[str] = "health_status"
     health: str = "OK"
 
 
 @message
 @frozen
-class HTTPResponse(Message):
+class HTTPResponse(ControlMessage):
     op: ClassVar[str] = "http_response"
     status: int
     headers: list[list[str]]
@@ -384,12 +384,12 @@ class HTTPResponse(Message):
 
 @message
 @frozen
-class Failed(Message):
+class Failed(ControlMessage):
     op: ClassVar[str] = "failed"
     error: str
 
 
 @message
 @frozen
-class Done(Message):
+class Done(ControlMessage):
     op: ClassVar[str] = "done"

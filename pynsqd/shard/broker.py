@@ -422,12 +422,12 @@ class Broker:
                 router.forward(topic_name, [record], len(body), delay_ms * MS)
                 return
             router.catch_up()
-        topic = self.get_topic(topic_name)
         try:  # a full log journals the message on disk first (``MessageQueue.append``)
-            topic.put_deferred(record, delay_ms * MS, time.monotonic_ns(), len(body))
-        except OSError as exc:
+            self.get_topic(topic_name).put_deferred(record, delay_ms * MS, time.monotonic_ns(), len(body))
+        except Exception as exc:  # as in ``publish``: the publisher gets E_DPUB_FAILED
             self.health = f"NOK - {exc}"
             raise BrokerError(str(exc)) from exc
+        self.health = "OK"
 
     # --- metadata -------------------------------------------------------------------------
     def snapshot(self, names: Iterable[str] | None = None) -> list[TopicRecord]:

@@ -34,7 +34,7 @@ per id (filled in C) and one ``Delivery`` to the timeout wheel (``pynsqd.shard.i
 a run of FINs read in one go is one ``finish_many`` call (two dict pops and one state byte
 per id, one pump scheduled).
 
-Consumers are ``Consumer``s (``consumer.py``: what the channel needs from one;
+Its consumers are ``Subscriber``s (``subscriber.py``: what the channel needs from one;
 ``pynsqd.shard.protocol.ClientV2`` is the one that serves a connection).
 """
 
@@ -45,10 +45,10 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from pynsqd.shard.consumer import Consumer
 from pynsqd.shard.inflight import NO_IDS, DeferredQueue, Delivery, TimeoutWheel
 from pynsqd.shard.latency import LatencyWindow
 from pynsqd.shard.queue import MessageQueue
+from pynsqd.shard.subscriber import Subscriber
 from pynsqd.shard.unit import Unit
 from pynsqd.shm.log import DEFERRED, IN_FLIGHT
 from pynsqd.wire.message import ATTEMPTS, ATTEMPTS_OFFSET, ID_OFFSET
@@ -83,7 +83,7 @@ class Channel:
         self.in_flight: dict[bytes, Delivery] = {}  # message id → its delivery
         self.in_flight_pos: dict[bytes, int] = {}  # message id → log position
         self.timeouts = TimeoutWheel()
-        self.consumers: list[Consumer] = []
+        self.consumers: list[Subscriber] = []
         self.paused = False
         self.deleted = False
         self.max_consumers = max_consumers
@@ -175,14 +175,14 @@ class Channel:
             self.on_timers(self)
 
     # --- consumers ------------------------------------------------------------------------
-    def add_consumer(self, client: Consumer) -> None:
+    def add_consumer(self, client: Subscriber) -> None:
         if self.max_consumers and len(self.consumers) >= self.max_consumers:
             raise ChannelError(f"consumers for {self.topic_name}:{self.name} exceeds limit of "
                                f"{self.max_consumers}")
         self.consumers.append(client)
         self._schedule(self)
 
-    def remove_consumer(self, client: Consumer, now: int) -> None:
+    def remove_consumer(self, client: Subscriber, now: int) -> None:
         """Forget ``client``; what it held in flight is queued again at once."""
         try:
             self.consumers.remove(client)
@@ -240,7 +240,7 @@ class Channel:
                 return
             budget -= moved
 
-    def _deliver(self, client: Consumer, count: int, now: int) -> int:
+    def _deliver(self, client: Subscriber, count: int, now: int) -> int:
         """Hand ``client`` up to ``count`` ready messages; how many were taken (0: none was
         ready)."""
         if client.sample_rate:
@@ -253,7 +253,7 @@ class Channel:
         client.delivered(len(positions))
         return len(positions)
 
-    def _hold(self, client: Consumer, ids: list[bytes], positions: list[int], now: int) -> None:
+    def _hold(self, client: Subscriber, ids: list[bytes], positions: list[int], now: int) -> None:
         """``ids`` (at ``positions``) are in flight at ``client`` from ``now``."""
         delivery = Delivery(ids, client, now, now + client.msg_timeout)
         self.timeouts.add(delivery)
@@ -265,7 +265,7 @@ class Channel:
         self.in_flight_pos.update(zip(ids, positions))
         client.in_flight_count += len(in_flight) - held  # a duplicate id counts once, as FIN will
 
-    def _deliver_sampled(self, client: Consumer, count: int, now: int) -> int:
+    def _deliver_sampled(self, client: Subscriber, count: int, now: int) -> int:
         """``--sample-rate``: each message is delivered with that chance, else consumed;
         returns how many were taken (delivered or sampled out)."""
         positions, records = self.queue.take(count)
@@ -293,7 +293,7 @@ class Channel:
         return len(records)
 
     # --- FIN / REQ / TOUCH ----------------------------------------------------------------
-    def _get_in_flight(self, client: Consumer, msg_id: bytes) -> Delivery:
+    def _get_in_flight(self, client: Subscriber, msg_id: bytes) -> Delivery:
         delivery = self.in_flight.get(msg_id)
         if delivery is None:
             raise ChannelError("ID not in flight")
@@ -301,20 +301,20 @@ class Channel:
             raise ChannelError("client does not own message")
         return delivery
 
-    def _pop_in_flight(self, client: Consumer, msg_id: bytes) -> int:
+    def _pop_in_flight(self, client: Subscriber, msg_id: bytes) -> int:
         """Take ``msg_id`` out of flight; its log position."""
         self._get_in_flight(client, msg_id).settle()
         del self.in_flight[msg_id]
         client.in_flight_count -= 1
         return self.in_flight_pos.pop(msg_id)
 
-    def finish(self, client: Consumer, msg_id: bytes) -> None:
+    def finish(self, client: Subscriber, msg_id: bytes) -> None:
         """FIN one message; raises ``ChannelError`` with nsqd's reason."""
         failed = self.finish_many(client, [msg_id])
         if failed:
             raise ChannelError(failed[0][1])
 
-    def finish_many(self, client: Consumer, ids: list[bytes]) -> list[tuple[bytes, str]]:
+    def finish_many(self, client: Subscriber, ids: list[bytes]) -> list[tuple[bytes, str]]:
         """FIN each of ``ids`` in order; returns [(id, nsqd's reason)] of those that failed."""
         in_flight = self.in_flight
         pop_pos = self.in_flight_pos.pop
@@ -341,7 +341,7 @@ class Channel:
             self.notify_ready()
         return failed
 
-    def requeue(self, client: Consumer, msg_id: bytes, delay: int, now: int) -> None:
+    def requeue(self, client: Subscriber, msg_id: bytes, delay: int, now: int) -> None:
         """REQ: back to the queue now (``delay`` 0) or after ``delay`` ns."""
         pos = self._pop_in_flight(client, msg_id)
         client.requeue_count += 1
@@ -353,7 +353,7 @@ class Channel:
             self.queue.requeue(pos)
         self.notify_ready()
 
-    def touch(self, client: Consumer, msg_id: bytes, now: int, max_msg_timeout: int) -> None:
+    def touch(self, client: Subscriber, msg_id: bytes, now: int, max_msg_timeout: int) -> None:
         old = self._get_in_flight(client, msg_id)
         old.settle()
         moved = Delivery([msg_id], client, old.delivered,
@@ -463,7 +463,7 @@ class Channel:
         self.queue.close(deferred=[(due + offset, record) for due, record in memory_only])
 
     # --- a shard's replacement (``transfer.py``) --------------------------------------------
-    def deliveries(self) -> list[tuple[Consumer, int, int, list[bytes], list[int]]]:
+    def deliveries(self) -> list[tuple[Subscriber, int, int, list[bytes], list[int]]]:
         """What is in flight, one entry per delivery: (consumer, delivered, deadline, ids,
         log positions)."""
         groups: dict[int, tuple[Delivery, list[bytes], list[int]]] = {}
@@ -491,7 +491,7 @@ class Channel:
         if entries:
             self._timers_added()
 
-    def hold_again(self, client: Consumer, ids: list[bytes], positions: list[int], delivered: int,
+    def hold_again(self, client: Subscriber, ids: list[bytes], positions: list[int], delivered: int,
                    deadline: int) -> int:
         """Hold messages in flight at ``client`` with the deadline the process this channel
         was handed over from gave them (``deliveries``; its queue was adopted as it was left,

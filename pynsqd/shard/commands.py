@@ -10,7 +10,7 @@ closing; RDY is ignored while closing); PUB, MPUB, DPUB and NOP in any state.
 compression, subscription, RDY, what it published) and runs the commands; it reaches the
 connection that carries it (``protocol.ClientV2``) only through ``Link``: write a frame,
 flush, start an upgrade, suspend the command stream. That connection is also the
-``Consumer`` its channel delivers to, so ``Link`` extends that interface. ``COMMANDS`` maps
+``Subscriber`` its channel delivers to, so ``Link`` extends that interface. ``COMMANDS`` maps
 each command name to its handler.
 """
 
@@ -26,7 +26,7 @@ from pynsqd.node.identify import Settings, negotiate
 from pynsqd.shard.auth import AuthSession
 from pynsqd.shard.broker import Broker, BrokerError
 from pynsqd.shard.channel import Channel, ChannelError
-from pynsqd.shard.consumer import Consumer
+from pynsqd.shard.subscriber import Subscriber
 from pynsqd.shard.transport import NO_TLS
 from pynsqd.wire.commands import ms_to_duration_ns, parse_base10
 from pynsqd.wire.errors import ProtocolError, go_quote
@@ -48,7 +48,7 @@ class Relayed(Exception):
         self.owner = owner
 
 
-class Link(Consumer, Protocol):
+class Link(Subscriber, Protocol):
     """What the commands need from the connection that carries them (``protocol.ClientV2``),
     which is also the consumer its channel delivers to."""
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from pynsqd.shard.consumer import Consumer
+from pynsqd.shard.subscriber import Subscriber
 
 GRANULARITY = 10_000_000  # ns per wheel slot
 NO_IDS: list[bytes] = []
@@ -41,7 +41,7 @@ class Delivery:
 
     __slots__ = ("client", "deadline", "delivered", "ids", "live")
 
-    def __init__(self, ids: list[bytes], client: Consumer, delivered: int, deadline: int) -> None:
+    def __init__(self, ids: list[bytes], client: Subscriber, delivered: int, deadline: int) -> None:
         self.ids = ids              # their message ids (NO_IDS once none is in flight)
         self.live = len(ids)        # how many of them are still in flight
         self.client = client        # the consumer that holds them

@@ -6,7 +6,7 @@ Theory of operation
 returns through its handler on the connection's ``Session`` (``commands.py``: the commands,
 their checks in nsqd's order, and the session state they change). ``ClientV2`` is the
 connection around them: bytes in and out, buffering, timers, upgrades — the ``Link`` the
-session writes through — and the ``Consumer`` its channel delivers to (``consumer.py``). A
+session writes through — and the ``Subscriber`` its channel delivers to (``subscriber.py``). A
 ``ProtocolError`` becomes an error frame; a fatal one also closes the connection once
 everything queued before it has been written.
 
@@ -72,7 +72,7 @@ _pack_attempts_into = _ATTEMPTS.pack_into
 
 class ClientV2(asyncio.Protocol):
     """One client connection speaking protocol V2: the ``Link`` of its ``session`` and the
-    ``Consumer`` of the channel it subscribes to."""
+    ``Subscriber`` of the channel it subscribes to."""
 
     _next_id = 0
 

@@ -13,160 +13,40 @@ delivered, so every message in flight has a record in shared memory; so has ever
 one, except one that found the log full (journaled on disk and held in process memory,
 below).
 
-Counts kept here (the log itself only knows bytes): ``ready`` (READY records in the log),
-``live`` (records not DONE). ``take`` walks a delivery cursor over the log;
-``finish`` marks a record DONE, and every ``RELEASE_EVERY`` of those the front of the log is
-released. When the log is out of room while most of it is DONE behind a long-lived record
-at the front, ``make_room`` moves that record to the write end (``on_move`` tells the
-owner, which holds positions of in-flight and deferred messages).
-
-A durable queue (one with ``files``, its sidecar and journal: ``deferredfiles.py``) leaves
-nothing in shared memory on a clean ``close`` (``_persist``, step 3 of docs/architecture.md's
-"Clean shutdown"): the segment is unlinked only once its records are on disk, so a kill -9
-in between gives duplicates, never loss, and a reboot after a clean stop loses nothing. A
-deferred message that finds no room in the log while the process runs is journaled before it
-is acknowledged; the owner holds it in memory meanwhile. After a restart the owner adopts
-the log in steps while it serves (``start_recovery``, then ``recover_step`` until it says
-done: ``pynsqd.shm.logrecovery`` says what holds meanwhile); ``start_recovery`` loads the
-sidecar and the journal back as deferred records (after the segment's own records).
-Spilled messages come back into the log through ``refill.py``, exactly once across a kill -9.
+The queue's state and counts are ``queuestate.QueueState``; room in the log is
+``queuespace.py``; carrying on from a previous process (recovery after a crash, or a
+hand-over) is ``queuetakeover.py``; shutting down is ``queueexit.py``. A deferred message
+that finds no room in the log while the process runs is journaled before it is
+acknowledged (``deferredfiles.py``); the owner holds it in memory meanwhile. Spilled
+messages come back into the log through ``refill.py``, exactly once across a kill -9.
 
 A cross-shard batch (``put_many`` or ``append`` with a ``Unit``) may be applied again: the
 queue skips the messages of it that it holds (``shard/unit.py``: its ``Tally``, kept in its
 segment too by ``store.ApplyMark``, opened just before an append and closed after it).
-``start_recovery`` adds what an append the crash interrupted put in the log (past its write
-index then), the disk queue (past its write position then) or the journal (past its size).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
+from pynsqd.shard import queueexit, queuespace, queuetakeover
 from pynsqd.shard.backend import Backend, DropBackend
-from pynsqd.shard.deferredfiles import DeferredFiles
-from pynsqd.shard.refill import Refill
-from pynsqd.shard.unit import Tally, Unit
+from pynsqd.shard.queuestate import QueueState
+from pynsqd.shard.unit import Unit
 from pynsqd.shm import sidecar as sidecar_file
-from pynsqd.shm.frames import Frames, RingError
-from pynsqd.shm.log import DEFERRED, DONE, IN_FLIGHT, READY, READY_HEADER, MessageLog
-from pynsqd.shm.logrecovery import Deferred, LogScan
-from pynsqd.shm.segment import Segment
-from pynsqd.shm.store import ApplyMark, open_log
-
-logger = logging.getLogger("pynsqd.shard")
+from pynsqd.shm.frames import Frames
+from pynsqd.shm.log import IN_FLIGHT, READY_HEADER
+from pynsqd.shm.logrecovery import Deferred
+from pynsqd.shm.store import open_log
 
 
-RELEASE_EVERY = 256
-PERSIST_BATCH = 4096  # records per backend write when a queue moves to disk on exit
-MoveHook = Callable[[int, int, int, bytes], None]
-Grow = Callable[[MessageLog, int], "int | None"]  # (log, bytes needed) -> index shift, or None
-
-
-class MessageQueue:
+class MessageQueue(QueueState):
     """Ready messages in a shared-memory log, then the backend. ``put_many`` may raise the
     backend's error (then nothing was stored)."""
 
-    __slots__ = ("_applied", "_done", "again", "backend", "cursor", "files", "grow", "limit", "live", "log", "on_move",
-                 "ready", "recovering", "refill", "scan", "segment", "shifted", "tally")
-
-    def __init__(self, log: MessageLog, limit: int, backend: Backend, segment: Segment | None = None,
-                 recovering: bool = False, sidecar: str | None = None) -> None:
-        self.log = log
-        # where deferred messages wait outside the log (durable queues only)
-        self.files = None if sidecar is None else DeferredFiles(sidecar)
-        self.recovering = recovering  # the owner calls ``start_recovery`` first
-        self.scan: LogScan | None = None  # while the log a previous process left is walked
-        self.shifted = 0  # how far the log's indices moved back in all (growth), for walkers
-        self.again: dict[int, None] = {}  # READY records behind the cursor (requeued in place)
-        self.segment = segment
-        self.limit = limit
-        self.backend = backend
-        self.cursor = log.read_index
-        self.ready = 0
-        self.live = 0
-        self._done = 0
-        self.on_move: MoveHook | None = None
-        self.grow: Grow | None = None  # makes the log larger (``shm/sizing.Grower``), if it may
-        self.refill = Refill(backend, segment)
-        # how much of the last cross-shard batch put here it holds (``shard/unit.py``), and the same in the segment
-        self.tally = Tally()
-        self._applied = None if segment is None or isinstance(backend, DropBackend) else ApplyMark(segment)
-
-    def __len__(self) -> int:
-        if self.scan is not None:
-            return self.ready + self.scan.unscanned + self.backend.depth
-        return self.ready + self.backend.depth
-
-    @property
-    def scanning(self) -> bool:
-        """True while the log a previous process left is being recovered."""
-        return self.scan is not None
-
-    def _end(self) -> int | None:
-        """How far delivery and release may go in the log: the scan's cursor while it runs."""
-        return None if self.scan is None else self.scan.cursor
-
-    @property
-    def backend_depth(self) -> int:
-        return self.backend.depth
-
-    def start_recovery(self) -> Deferred:
-        """Adopt what a previous process left: its log is walked by ``recover_step`` from
-        here on. Returns [(pos, due wall ns, message)] of the deferred messages of the sidecar
-        and the journal (appended to the log now; pos -1 for one that found no room)."""
-        self.recovering = False
-        if self._applied is not None:  # first: nothing below may append before it counts
-            self.tally = self._recovered_tally(self._applied)
-        # the mark says where the backend resumes given the log's write index as it was left
-        self.scan = LogScan(self.log, self.refill.resume_position(self.log.write_index))
-        self.cursor = self.log.read_index
-        if self.files is not None:
-            return self.files.load(self._place_loaded)
-        return []
-
-    def _place_loaded(self, message: bytes, due: int) -> int | None:
-        """A deferred message of the sidecar or journal, into the log (no ``make_room``: the
-        owner does not know the recovered positions yet)."""
-        pos = self.log.append(message, DEFERRED, due)
-        if pos is not None:
-            self.live += 1
-        return pos
-
-    def recover_step(self, max_count: int) -> Deferred:
-        """Recover up to ``max_count`` more records of the log: the deferred ones found
-        [(pos, due wall ns, message)]; ``scanning`` is False once the whole log is done.
-        ``RingError`` if a frame is corrupt."""
-        scan = self.scan
-        if scan is None:
-            return []
-        ready, live, deferred = scan.step(max_count)
-        self.ready += ready
-        self.live += live
-        if scan.done:
-            self.scan = None
-            self.refill.skip_to(scan.resume)
-        return deferred
-
-    def _recovered_tally(self, mark: ApplyMark) -> Tally:
-        """The tally a previous process left; if it was killed while appending a batch's
-        messages, those that reached the log, the disk queue and the journal are counted in."""
-        saved = mark.load()
-        if saved is None:
-            return Tally()
-        src, first, held, write_index, backend, journal = saved
-        if write_index >= 0:
-            try:
-                held += self.log.count_from(write_index)
-            except RingError as exc:  # never: nothing moves the log's indices back before it
-                logger.error("%r: cannot count an interrupted append - %s", self.log, exc)
-            held += self.backend.records_after(backend)
-            if journal >= 0 and self.files is not None:
-                held += sidecar_file.journal_records_after(self.files.journal, journal)
-            mark.save(src, first, held)
-        return Tally(src, first, held)
+    __slots__ = ()
 
     # --- in ---------------------------------------------------------------------------
     def put_many(self, records: Sequence[bytes], unit: Unit | None = None) -> None:
@@ -200,13 +80,13 @@ class MessageQueue:
         """Just before appending messages of ``unit`` past the first ``held``: the log's and
         the backend's ends (and the journal's size, before an append to it) in the segment,
         so a restart can count what got in."""
-        if self._applied is not None:
-            self._applied.save(unit.src, unit.first, held, self.log.write_index, self.backend.write_position,
+        if self.applied is not None:
+            self.applied.save(unit.src, unit.first, held, self.log.write_index, self.backend.write_position,
                                journal)
 
     def _close_unit(self, unit: Unit, held: int) -> None:
-        if self._applied is not None:
-            self._applied.save(unit.src, unit.first, held)
+        if self.applied is not None:
+            self.applied.save(unit.src, unit.first, held)
 
     def _put(self, records: Sequence[bytes], unit: Unit | None, held: int) -> None:
         log = self.log
@@ -339,43 +219,6 @@ class MessageQueue:
         log = self.log
         return 0 <= pos < log.capacity and log.states[pos] == IN_FLIGHT and log.id_at(pos) == msg_id
 
-    # --- handed over between two processes of this host (``shard/transfer.py``) -------------
-    def export(self) -> dict[str, Any]:
-        """What only this process knows of the log (it is never walked while one of this
-        process's own runs: the caller waited for ``scanning`` to end)."""
-        tally = self.tally
-        return {"ready": self.ready, "live": self.live, "cursor": self.cursor, "again": list(self.again),
-                "done": self._done, "largest": self.refill.largest,
-                "journaled": 0 if self.files is None else self.files.journaled,
-                "tally": [tally.src, tally.first, tally.held]}
-
-    def adopt(self, state: dict[str, Any]) -> None:
-        """Carry on from ``export`` of the process that handed this queue over: the log is
-        exactly as it left it, so nothing is walked, and its sidecar and journal are not
-        loaded again (its in-memory deferred messages come with the rest of its state)."""
-        self.recovering = False
-        self.scan = None
-        self.ready, self.live, self.cursor = int(state["ready"]), int(state["live"]), int(state["cursor"])
-        self.again = dict.fromkeys(int(pos) for pos in state["again"])
-        self._done, self.refill.largest = int(state["done"]), int(state["largest"])
-        if self.files is not None:
-            self.files.journaled = int(state["journaled"])
-        self.tally = Tally(*map(int, state.get("tally", (-1, 0, 0))))  # what of a cross-shard batch it holds
-
-    def requeue(self, pos: int) -> None:
-        """Make the (in-flight or deferred) record at ``pos`` ready again, in place."""
-        self.log.set_state(pos, READY)
-        self.again[pos] = None
-        self.ready += 1
-
-    def _pop_again(self, count: int) -> list[int]:
-        """Up to ``count`` positions of the records requeued behind the cursor, oldest first."""
-        again = self.again
-        positions = list(again) if len(again) <= count else list(again)[:count]
-        for pos in positions:
-            del again[pos]
-        return positions
-
     def take(self, count: int) -> tuple[list[int], list[bytes]]:
         """Up to ``count`` ready messages and their positions; the caller marks them."""
         if self.again:
@@ -384,7 +227,7 @@ class MessageQueue:
             self.ready -= len(positions)
             return positions, [message_at(pos)[2] for pos in positions]
         if self.ready or self._refilled(count):
-            positions, messages, self.cursor = self.log.walk(self.cursor, count, end=self._end())
+            positions, messages, self.cursor = self.log.walk(self.cursor, count, end=self.delivery_end())
             self.ready -= len(positions)
             if positions:
                 return positions, messages
@@ -401,7 +244,7 @@ class MessageQueue:
             positions = self._pop_again(count)
             log.deliver_at(positions, out, ids)
         elif self.ready or self._refilled(count):
-            positions, self.cursor = log.deliver_ready(self.cursor, count, out, ids, self._end())
+            positions, self.cursor = log.deliver_ready(self.cursor, count, out, ids, self.delivery_end())
             if not positions:
                 if self.scan is None:
                     self.ready = 0  # the count drifted (it never should); trust the log
@@ -418,150 +261,50 @@ class MessageQueue:
             self.refill.run(self, count)
         return self.ready > 0
 
-    def took_in(self, count: int) -> None:
-        """``count`` READY records were appended to the log by its refill."""
-        self.ready += count
-        self.live += count
-
-    def finish(self, pos: int) -> None:
-        """The record at ``pos`` is done (FIN, sampled out, handed on by a topic)."""
-        self.log.states[pos] = DONE
-        self._finished(1)
-
-    def finish_many(self, positions: Sequence[int]) -> None:
-        """The records at ``positions`` are done (a run of FINs): one state byte each."""
-        states = self.log.states
-        for pos in positions:
-            states[pos] = DONE
-        self._finished(len(positions))
-
-    def _finished(self, count: int) -> None:
-        """``count`` records were marked DONE; every ``RELEASE_EVERY`` of them the front of
-        the log is released."""
-        self.live -= count
-        self._done += count
-        if self._done >= RELEASE_EVERY:
-            self._done = 0
-            self.log.release(self._end())
-
-    # --- space ------------------------------------------------------------------------
-    def make_room(self, frame: int) -> bool:
-        """Release DONE records, then move live ones that block the front; True if a frame
-        of ``frame`` bytes may fit now."""
-        log = self.log
-        log.release(self._end())
-        self._done = 0
-        moved = 0
-        while (log.free_bytes < frame + 8 and self.scan is None and self.live < len(log) // 2
-               and moved < 4096):
-            front = log.front()
-            if front is None:
-                break
-            pos, state, size = front
-            if state == DONE:
-                log.release()
-                continue
-            if log.free_bytes < 2 * size:
-                break
-            state, due, message = log.message_at(pos)
-            new = log.append(message, state, due)
-            if new is None:
-                break
-            log.set_state(pos, DONE)
-            if state == READY:
-                self.again.pop(pos, None)  # the cursor finds the new copy
-            elif self.on_move is not None:
-                self.on_move(pos, new, state, message)
-            moved += 1
-            log.release()
-        if self.cursor < log.read_index:
-            self.cursor = log.read_index
-        return log.free_bytes >= frame
-
-    def make_larger(self, need: int) -> bool:
-        """Make the log larger so ``need`` more bytes fit (``grow``); True if they do now."""
-        if self.grow is None:
-            return False
-        shift = self.grow(self.log, need)
-        if shift is None:
-            return False
-        self.cursor -= shift  # the log's indices moved back by ``shift``; positions did not
-        self.shifted += shift
-        if self.scan is not None:
-            self.scan.shift(shift)
-        return self.log.free_bytes >= need
-
     # --- admin ------------------------------------------------------------------------
     def empty(self) -> None:
         self.scan = None  # nothing left to recover
         self.log.reset()
         self.cursor = self.log.read_index
-        self.ready = self.live = self._done = 0
+        self.ready = self.live = self.done_since_release = 0
         self.again.clear()
         self.backend.empty()
         self.refill.save_mark()
         if self.files is not None:
             self.files.remove()
 
+    # --- elsewhere: ``queuetakeover.py``, ``queuespace.py``, ``queueexit.py`` ----------------
+    def start_recovery(self) -> Deferred:
+        """``queuetakeover.start_recovery``."""
+        return queuetakeover.start_recovery(self)
+
+    def recover_step(self, max_count: int) -> Deferred:
+        """``queuetakeover.recover_step``."""
+        return queuetakeover.recover_step(self, max_count)
+
+    def export(self) -> dict[str, Any]:
+        """``queuetakeover.export``."""
+        return queuetakeover.export(self)
+
+    def adopt(self, state: dict[str, Any]) -> None:
+        """``queuetakeover.adopt``."""
+        queuetakeover.adopt(self, state)
+
+    def make_room(self, frame: int) -> bool:
+        """``queuespace.make_room``."""
+        return queuespace.make_room(self, frame)
+
+    def make_larger(self, need: int) -> bool:
+        """``queuespace.make_larger``."""
+        return queuespace.make_larger(self, need)
+
     def close(self, delete: bool = False, deferred: Sequence[tuple[int, bytes]] = ()) -> None:
-        """Shut down. ``delete`` removes everything (disk files, sidecar, segment). Otherwise a
-        durable queue moves every live record to disk (see the module doc) and removes its
-        segment; a queue without a sidecar detaches and its segment stays for the next
-        process. ``deferred`` are [(due wall ns, message)] the owner holds outside the log
-        (no room in shared memory): they go to the sidecar, or ready to the backend."""
-        unlink = delete
-        if delete:
-            self.scan = None
-            self.backend.delete()  # its files include the sidecar (``all_files_pattern``)
-        elif self.files is not None and self.segment is not None:
-            unlink = self._persist(self.files, deferred)
-        else:
-            if deferred:
-                try:
-                    self.backend.put_many([message for _, message in deferred])
-                    self.unjournal([message for _, message in deferred])
-                except Exception:
-                    logger.exception("%d deferred messages lost on exit", len(deferred))
-            self.backend.close()
-        self.log.close()
-        if self.segment is not None:
-            if unlink:
-                self.segment.unlink()
-            self.segment.close()
+        """``queueexit.close``."""
+        queueexit.close(self, delete, deferred)
 
     def hand_over(self) -> None:
-        """Let another process of this host carry on with this queue (a shard's replacement,
-        ``shard/transfer.py``): the backend's files are closed with their metadata written,
-        the segment is left as it is (in-flight and deferred records in place; the next
-        process recovers it), the journal stays."""
-        try:
-            self.backend.release()
-        except Exception:  # the next process repairs from the files, as after a crash
-            logger.exception("failed to hand %r over cleanly", self.backend)
-        self.log.close()
-        if self.segment is not None:
-            self.segment.close()
-
-    def _persist(self, files: DeferredFiles, held: Sequence[tuple[int, bytes]]) -> bool:
-        """Write every live record to disk; True once all of it is durable. On failure the
-        segment keeps them (and the next process may see some twice)."""
-        try:
-            ready, deferred = self.log.live_records()  # in flight or not, recovered or not
-            if self.scan is not None:  # the log proved whole: the backend resumes past its records
-                self.refill.skip_to(self.scan.resume)
-                self.scan = None
-            for start in range(0, len(ready), PERSIST_BATCH):
-                self.backend.put_many(ready[start:start + PERSIST_BATCH])
-            self.backend.close()  # syncs the data and persists the metadata
-            files.save(deferred + list(held))
-        except Exception:
-            logger.exception("failed to move %r to disk; its messages stay in shared memory", self.backend)
-            try:
-                self.backend.close()
-            except Exception as exc:  # the same failure, most likely; the segment keeps the messages
-                logger.error("failed to close %r - %s", self.backend, exc)
-            return False
-        return True
+        """``queueexit.hand_over``."""
+        queueexit.hand_over(self)
 
 
 def segment_queue(data_path: str, limit: int, capacity: int, kind: str, name: str,
@@ -574,3 +317,4 @@ def segment_queue(data_path: str, limit: int, capacity: int, kind: str, name: st
     recovering = existed or (sidecar is not None and (
         os.path.exists(sidecar) or os.path.exists(sidecar_file.journal_of(sidecar))))
     return MessageQueue(log_, limit, backend, segment, recovering=recovering, sidecar=sidecar)
+

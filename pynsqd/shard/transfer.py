@@ -5,7 +5,7 @@ Theory of operation
 A rolling restart (``supervisor/reload.py``) replaces each shard's process with a new one
 running the installed code. The queues need no copying: their logs live in named
 shared-memory segments and their overflow in disk-queue files, so the replacement attaches to
-them as a restarted shard would (``MessageQueue.recover``), once the old process has let go
+them as a restarted shard would (``MessageQueue.start_recovery``), once the old process has let go
 of them (``MessageQueue.hand_over``: metadata written, files closed, segments left in
 place). What lives only in the old process's memory is what this module moves:
 

@@ -74,6 +74,7 @@ from pynsqd.node.messages import (
     Adopt,
     Changed,
     ConnectionState,
+    ControlMessage,
     CreateChannels,
     Done,
     Drain,
@@ -84,7 +85,6 @@ from pynsqd.node.messages import (
     HealthRequest,
     Hold,
     HTTPResponse,
-    Message,
     Quiesce,
     Ready,
     Release,
@@ -163,7 +163,7 @@ class ShardWorker:
         self.inbound = Inbound(opts.data_dir, self.index, self.shards, boot.wake_fds[self.index], self.broker)
         self.router.catch_up_with(self.inbound)
         self.tls_ctx = build_server_context(opts)  # the supervisor checked the files already
-        self._handlers: dict[type[Message], Callable[[Any, Received], None]] = {
+        self._handlers: dict[type[ControlMessage], Callable[[Any, Received], None]] = {
             Adopt: self._adopt, ServeHTTP: self._serve_http, StatsRequest: self._stats,
             HealthRequest: self._health, RunHTTP: self._run_http, SetConfig: self._set_config,
             CreateChannels: self._create_channels, Quiesce: self._quiesce, Exit: self._exit,

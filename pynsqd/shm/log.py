@@ -32,15 +32,14 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Container, Sequence
 
-from pynsqd.shm import kernels
+from pynsqd.shm import kernels, logscan
 from pynsqd.shm.frames import FRAME, FRAME_SIZE, Frames, check_frames, frame_records
-from pynsqd.shm.logscan import ATTEMPTS_AT, DEFERRED, DONE, ID_AT, IN_FLIGHT, READY, STATE_SIZE, frame_at
+from pynsqd.shm.logscan import ATTEMPTS_AT, DEFERRED, DONE, DUE, ID_AT, IN_FLIGHT, READY, STATE_SIZE, frame_at
 from pynsqd.shm.ring import HEADER_SIZE, ByteRing, Writable
 
 __all__ = ["DEFERRED", "DONE", "IN_FLIGHT", "READY", "READY_HEADER", "STATE_SIZE", "MessageLog", "check_ready",
            "frame_ready", "state_header"]
 
-_DUE = struct.Struct("<Q")
 _ATTEMPTS = struct.Struct(">H")
 MESSAGE_HEADER = 26  # NSQ's message header: timestamp, attempts, id
 _TIMESTAMP = struct.Struct(">q")
@@ -50,7 +49,7 @@ Discard = Callable[[int, int], None]
 
 
 def state_header(state: int, due: int = 0) -> bytes:
-    return bytes([state]) + bytes(7) + _DUE.pack(due)
+    return bytes([state]) + bytes(7) + DUE.pack(due)
 
 
 def frame_ready(messages: Sequence[bytes], head: bytes = b"") -> Frames:
@@ -126,7 +125,7 @@ class MessageLog(ByteRing):
         self._buf[HEADER_SIZE + pos] = state
 
     def set_deferred(self, pos: int, due: int) -> None:
-        _DUE.pack_into(self._buf, HEADER_SIZE + pos + 8, due)
+        DUE.pack_into(self._buf, HEADER_SIZE + pos + 8, due)
         self._buf[HEADER_SIZE + pos] = DEFERRED
 
     def deliver(self, pos: int, attempts: int) -> None:
@@ -139,7 +138,7 @@ class MessageLog(ByteRing):
         """(state, due, message) of the record at ``pos``."""
         size = FRAME.unpack_from(self._buf, HEADER_SIZE + pos - FRAME_SIZE)[0]
         record = self._buf[HEADER_SIZE + pos:HEADER_SIZE + pos + size].tobytes()
-        return record[0], _DUE.unpack_from(record, 8)[0], record[STATE_SIZE:]
+        return record[0], DUE.unpack_from(record, 8)[0], record[STATE_SIZE:]
 
     # -- walking -------------------------------------------------------------------------
 
@@ -288,22 +287,7 @@ class MessageLog(ByteRing):
     def live_records(self) -> tuple[list[bytes], list[tuple[int, bytes]]]:
         """Every live record, oldest first, without changing anything: (ready and in-flight
         messages, [(due, message)] of deferred ones). ``RingError`` if a frame is corrupt."""
-        buf = self._buf
-        write = self.write_index
-        read = self.read_index
-        ready: list[bytes] = []
-        deferred: list[tuple[int, bytes]] = []
-        while read < write:
-            at, pos, size = self._frame_at(read)
-            state = buf[HEADER_SIZE + pos + FRAME_SIZE]
-            if state in (READY, IN_FLIGHT, DEFERRED):
-                _, due, message = self.message_at(pos + FRAME_SIZE)
-                if state == DEFERRED:
-                    deferred.append((due, message))
-                else:
-                    ready.append(message)
-            read = at + FRAME_SIZE + size + (-size & 7)
-        return ready, deferred
+        return logscan.live_records(self._buf, self._cap, self.read_index, self.write_index)
 
     @staticmethod
     def frame_of(message_size: int) -> int:

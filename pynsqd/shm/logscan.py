@@ -2,19 +2,20 @@
 delivering them (state, attempts, NSQ frames, ids), releasing finished ones at the front, and
 recovering a log a previous process left, a bounded run of records at a time (states, then
 message ids); and appending one record (``put_one``, ``shm/ring.py``'s: a single PUB's
-message).
+message). ``live_records`` (the log's live records at exit) shares ``recover_run``'s walk
+and has no twin.
 
 ``buf`` is the log's whole buffer (ring header included), ``cap`` its record-area size,
 ``read``/``write`` the ring's indices; positions are offsets in the record area of a
 record's state byte (just past its frame head). ``pynsqd.shm._logscan`` is the compiled
-twin of this module (same functions, same results byte for byte); ``pynsqd.shm.kernels``
-picks one. The record layout is ``shm/log.py``'s.
+twin of this module (same functions but ``live_records``, same results byte for byte);
+``pynsqd.shm.kernels`` picks one. The record layout is ``shm/log.py``'s.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Container
+from collections.abc import Callable, Container
 
 from pynsqd.shm.frames import FRAME, FRAME_SIZE, WRAP, RingError
 from pynsqd.shm.ring import HEADER_SIZE, put_one
@@ -30,6 +31,7 @@ ATTEMPTS_AT = STATE_SIZE + 8  # offset of the message's attempts field within a 
 ID_AT = 10  # offset of the message id within a message
 
 _ATTEMPTS = struct.Struct(">H")
+DUE = struct.Struct("<Q")  # a record's due time (wall-clock ns), 8 bytes into its state
 _WIRE_HEADER = struct.Struct(">ii")  # an NSQ frame's size and type (2: message)
 
 Runs = list[tuple[list[int], list[int]]]
@@ -155,36 +157,50 @@ def _record(buf: memoryview, cap: int, cursor: int, write: int) -> tuple[int, in
     return pos, size
 
 
+def _walk(buf: memoryview, cap: int, read: int, write: int, cursor: int, max_count: int,
+          visit: Callable[[int, int], None]) -> tuple[int, int]:
+    """The one checked walk of ``recover_run`` and ``live_ids``: ``visit(pos, size)`` for
+    each of up to ``max_count`` records from index ``cursor`` on (not before ``read``),
+    wrap markers skipped. Returns (cursor past the last record walked, records walked);
+    ``RingError`` (``_record``) if a frame is corrupt."""
+    if cursor < read:
+        cursor = read
+    walked = 0
+    while cursor < write and walked < max_count:
+        pos, size = _record(buf, cap, cursor, write)
+        if pos < 0:  # a wrap marker: ``size`` is the skip
+            cursor += size
+            continue
+        visit(pos, size)
+        cursor += FRAME_SIZE + size + (-size & 7)
+        walked += 1
+    return cursor, walked
+
+
 def recover_run(buf: memoryview, cap: int, read: int, write: int, cursor: int,
                 max_count: int) -> tuple[int, int, int, int, list[int]]:
     """Recover up to ``max_count`` records from index ``cursor`` on (after a restart): each
     IN_FLIGHT record becomes READY (attempts kept). Returns (cursor past the last record
     walked, records walked, ready ones, live ones (not DONE), positions of the DEFERRED
     ones). ``RingError`` if a frame is corrupt or a state unknown."""
-    if cursor < read:
-        cursor = read
-    walked = ready = live = 0
+    counts = [0, 0]  # ready, live
     deferred: list[int] = []
-    while cursor < write and walked < max_count:
-        pos, size = _record(buf, cap, cursor, write)
-        if pos < 0:  # a wrap marker: ``size`` is the skip
-            cursor += size
-            continue
-        frame = FRAME_SIZE + size + (-size & 7)
+
+    def visit(pos: int, size: int) -> None:
         at = HEADER_SIZE + pos + FRAME_SIZE
         state = buf[at]
         if state == READY or state == IN_FLIGHT:
             buf[at] = READY
-            ready += 1
-            live += 1
+            counts[0] += 1
+            counts[1] += 1
         elif state == DEFERRED:
             deferred.append(pos + FRAME_SIZE)
-            live += 1
+            counts[1] += 1
         elif state != DONE:
             raise RingError(f"record at {pos} has unknown state {state}")
-        cursor += frame
-        walked += 1
-    return cursor, walked, ready, live, deferred
+
+    cursor, walked = _walk(buf, cap, read, write, cursor, max_count, visit)
+    return cursor, walked, counts[0], counts[1], deferred
 
 
 def live_ids(buf: memoryview, cap: int, read: int, write: int, cursor: int, max_count: int,
@@ -193,20 +209,31 @@ def live_ids(buf: memoryview, cap: int, read: int, write: int, cursor: int, max_
     ``max_count`` from index ``cursor`` on (only those in ``among``, if given; a record too
     short to hold an id has none); returns the cursor past the last record walked. Frames
     are checked as ``recover_run`` checks them."""
-    if cursor < read:
-        cursor = read
-    walked = 0
     at_id = HEADER_SIZE + FRAME_SIZE + STATE_SIZE + ID_AT
-    while cursor < write and walked < max_count:
-        pos, size = _record(buf, cap, cursor, write)
-        if pos < 0:  # a wrap marker: ``size`` is the skip
-            cursor += size
-            continue
-        frame = FRAME_SIZE + size + (-size & 7)
+
+    def visit(pos: int, size: int) -> None:
         if size >= STATE_SIZE + ID_AT + 16 and buf[HEADER_SIZE + pos + FRAME_SIZE] != DONE:
             msg_id = buf[at_id + pos:at_id + pos + 16].tobytes()
             if among is None or msg_id in among:
                 out.add(msg_id)
-        cursor += frame
-        walked += 1
-    return cursor
+
+    return _walk(buf, cap, read, write, cursor, max_count, visit)[0]
+
+
+def live_records(buf: memoryview, cap: int, read: int, write: int) -> tuple[list[bytes], list[tuple[int, bytes]]]:
+    """Every live record from ``read`` to ``write``, oldest first, without changing
+    anything: (ready and in-flight messages, [(due, message)] of deferred ones); not
+    twinned (it runs once, at exit). ``RingError`` if a frame is corrupt."""
+    ready: list[bytes] = []
+    deferred: list[tuple[int, bytes]] = []
+
+    def visit(pos: int, size: int) -> None:
+        at = HEADER_SIZE + pos + FRAME_SIZE
+        state = buf[at]
+        if state == DEFERRED:
+            deferred.append((DUE.unpack_from(buf, at + 8)[0], buf[at + STATE_SIZE:at + size].tobytes()))
+        elif state == READY or state == IN_FLIGHT:
+            ready.append(buf[at + STATE_SIZE:at + size].tobytes())
+
+    _walk(buf, cap, read, write, read, write - read, visit)
+    return ready, deferred

@@ -155,7 +155,8 @@ class ByteRing:
             try:
                 cap = self._check_header(view, words)
             except RingError:
-                self.close()
+                words.release()  # not ``close``: a subclass's may release views not made yet
+                view.release()
                 raise
         self._cap = cap
         self._max_frame = (cap // 2) & ~7

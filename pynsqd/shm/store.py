@@ -47,7 +47,7 @@ from collections.abc import Callable
 
 from pynsqd.shm.log import Discard, MessageLog
 from pynsqd.shm.ring import RingError, buffer_size
-from pynsqd.shm.segment import Segment, SegmentError, list_segments, segment_name, unlink_segment
+from pynsqd.shm.segment import SHM_DIR, Segment, SegmentError, list_segments, segment_name, unlink_segment
 
 log = logging.getLogger("pynsqd.shm")
 
@@ -214,7 +214,9 @@ def _discarder(buf: mmap.mmap) -> Discard:
 
 
 def open_log(data_path: str, kind: str, name: str, capacity: int) -> tuple[Segment, MessageLog, bool]:
-    """The segment and log of a queue; the flag says it existed (the caller recovers it)."""
+    """The segment and log of a queue; the flag says it existed (the caller recovers it).
+    ``RingError`` if the queue's own segment holds a log that fails its checks: it is left
+    untouched (docs/architecture.md, *Corruption*)."""
     shm_name = segment_name(data_path, kind, name)
     try:
         segment = Segment.open(shm_name, NAME_PAGE + buffer_size(capacity), create=True)
@@ -224,21 +226,27 @@ def open_log(data_path: str, kind: str, name: str, capacity: int) -> tuple[Segme
     area = memoryview(buf)[NAME_PAGE:]
     discard = _discarder(buf)
     existed = not segment.created
+    recorded = read_name(buf) if existed else None
     try:
-        if existed and read_name(buf) == (kind, name):
+        if recorded == (kind, name):
             try:
                 found = MessageLog(area, init=False, discard=discard)
+            except (RingError, ValueError) as exc:
+                unusable = exc
+            else:
                 _finish_growth(segment, found)
                 return segment, found, True
-            except (RingError, ValueError) as exc:
-                log.error("%s %s: shared memory log unusable (%s); starting it empty", kind, name, exc)
-        elif existed:
-            log.error("%s %s: segment %s holds another queue; starting it empty", kind, name, shm_name)
-        _write_name(buf, kind, name)
-        return segment, MessageLog(area, init=True, discard=discard), False
+        else:
+            if recorded is not None:
+                log.error("%s %s: segment %s holds another queue; starting it empty", kind, name, shm_name)
+            found = MessageLog(area, init=True, discard=discard)
+            _write_name(buf, kind, name)  # after the log: a segment with a name holds a valid one
+            return segment, found, False
     finally:
         area.release()  # the log holds its own view
-
+    segment.close()
+    raise RingError(f"{kind} {name}: its shared-memory log is unusable ({unusable}); it is left as it "
+                    f"is: remove {SHM_DIR}{shm_name} to start the queue empty")
 
 Leftover = tuple[str, str, str, int]  # shm name, kind, name, records in the log
 

@@ -67,13 +67,13 @@ from pynsqd.node.messages import (
     Adopt,
     Changed,
     ConnectionState,
+    ControlMessage,
     CreateChannels,
     Exit,
     Failed,
     HandOff,
     Handover,
     HealthRequest,
-    Message,
     Proxy,
     Quiesce,
     Ready,
@@ -146,7 +146,7 @@ class Supervisor:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accept_task: asyncio.Task[None] | None = None
         self._statsd_task: asyncio.Task[None] | None = None
-        self._handlers: dict[type[Message], Callable[[Slot, Any, Received], None]] = {
+        self._handlers: dict[type[ControlMessage], Callable[[Slot, Any, Received], None]] = {
             Ready: self._on_ready, Snapshot: self._on_snapshot, Updated: self._on_updated, Changed: self._on_changed,
             HandOff: self._on_handoff, StatsRequest: self._on_stats, HealthRequest: self._on_health,
             Proxy: self._on_proxy, SetConfig: self._on_config, Handover: self._on_handover,

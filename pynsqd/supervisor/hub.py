@@ -31,11 +31,11 @@ import orjson
 from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.control import CALL_WAIT, PROXY_WAIT, Received
 from pynsqd.node.messages import (
+    ControlMessage,
     Failed,
     Health,
     HealthRequest,
     HTTPResponse,
-    Message,
     Proxy,
     ShardDocuments,
     StatsDocument,
@@ -55,7 +55,7 @@ class Hub:
         self.describe = describe
         self.start_time = start_time
 
-    async def call_each(self, msg: Message, skip: int = -1) -> list[tuple[int, Message]]:
+    async def call_each(self, msg: ControlMessage, skip: int = -1) -> list[tuple[int, ControlMessage]]:
         """``msg`` to every ready shard but ``skip`` (one being replaced: to its replacement,
         once ready): (shard index, reply) of those that answered. A shard still booting for
         the first time is waited for."""
@@ -66,16 +66,16 @@ class Hub:
                 wait.cancel()
         slots = [s for s in self.slots if s.index != skip and (s.is_ready or s.swapping)]
         replies = await asyncio.gather(*(self._call(s, msg) for s in slots), return_exceptions=True)
-        return [(s.index, r) for s, r in zip(slots, replies) if isinstance(r, Message)]
+        return [(s.index, r) for s, r in zip(slots, replies) if isinstance(r, ControlMessage)]
 
-    async def _call(self, slot: Slot, msg: Message) -> Message:
+    async def _call(self, slot: Slot, msg: ControlMessage) -> ControlMessage:
         if slot.swapping:
             await asyncio.wait_for(slot.ready.wait(), CALL_WAIT)
         if slot.channel is None or slot.channel.closed:
             raise ConnectionError(f"shard {slot.index} is down")
         return await slot.channel.call(msg, wait=CALL_WAIT)
 
-    async def send_to(self, slot: Slot, msg: Message) -> None:
+    async def send_to(self, slot: Slot, msg: ControlMessage) -> None:
         """``msg`` to ``slot``'s shard (one being replaced: to its replacement, once ready)."""
         if slot.swapping:
             with contextlib.suppress(TimeoutError):

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from pynsqd import sdnotify
 from pynsqd.node.config import NsqdOptions, parse_args
 from pynsqd.node.control import ControlChannel
-from pynsqd.node.messages import Drain, Failed, Handover, Message, Ready, Release, Standby
+from pynsqd.node.messages import ControlMessage, Drain, Failed, Handover, Ready, Release, Standby
 from pynsqd.node.tls import build_server_context
 from pynsqd.options import UsageError
 from pynsqd.supervisor.httpaccept import HTTPAcceptor
@@ -256,7 +256,7 @@ class Reloader(Operation):
             sup.http_acceptor.flush()
 
     # --- from the supervisor --------------------------------------------------------------
-    def from_successor(self, slot: Slot, msg: Message) -> bool:
+    def from_successor(self, slot: Slot, msg: ControlMessage) -> bool:
         """A message from ``slot``'s replacement before it took the slot; True if handled here
         (else the supervisor's usual handler takes it: ``Snapshot``, ``Changed`` ...)."""
         successor = slot.successor

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.harness import Daemon, remove_segments, wait_for
+from testbed.harness import Daemon, remove_segments, wait_for
 
 
 class QuietHandler(BaseHTTPRequestHandler):

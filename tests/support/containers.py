@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.harness import scaled, wait_for
+from testbed.harness import scaled, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.harness import Daemon, scaled
+from testbed.harness import Daemon, scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 NSQJS = ROOT / "tests" / "support" / "js" / "node_modules" / "nsqjs"

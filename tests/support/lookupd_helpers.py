@@ -16,7 +16,7 @@ from pynsqd.wire.lookup import (
     decode_identify_response,
     encode_identify,
 )
-from tests.support.harness import Daemon, connect, scaled
+from testbed.harness import Daemon, connect, scaled
 
 BASE_ARGS = ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
              "--broadcast-address=127.0.0.1", "--log-level=debug"]

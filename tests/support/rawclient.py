@@ -13,7 +13,7 @@ from pynsqd.wire.commands import encode_identify, encode_rdy, encode_sub
 from pynsqd.wire.compression import Codec, make_codec
 from pynsqd.wire.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, FrameParser
 from pynsqd.wire.message import decode_message
-from tests.support.harness import connect, scaled
+from testbed.harness import connect, scaled
 
 
 class Message:

@@ -19,7 +19,7 @@ from pynsqd.shard.syncer import Syncer
 from pynsqd.shard.topic import RETRY_NS
 from pynsqd.shm.diskqueue import DiskQueue
 from pynsqd.wire.message import HEADER
-from tests.support.harness import wait_for
+from testbed.harness import wait_for
 from tests.unit.test_channel_inflight import TIMEOUT, Consumer
 
 MS = 1_000_000

@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from pynsqd.httpserver import HTTPServer, app_server
+from testbed.certs import Certs
+from testbed.harness import scaled
 from tests.conftest import run_async
-from tests.support.certs import Certs
-from tests.support.harness import scaled
 
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]

@@ -6,7 +6,7 @@ import struct
 import time
 
 from pynsqd.shard.latency import RESERVOIR, LatencyWindow, merged, summarize
-from tests.support.harness import wait_for
+from testbed.harness import wait_for
 
 
 def record(published_ns: int) -> bytes:

@@ -106,3 +106,16 @@ def test_importing_the_supervisor_loads_nothing_of_the_shard() -> None:
             "print(' '.join(sorted(m for m in sys.modules if m == 'pynsqd.shard' or m.startswith('pynsqd.shard.'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "", f"the supervisor loaded {out.stdout.strip()}"
+
+
+def test_the_benchmarks_and_the_testbed_import_nothing_of_the_tests() -> None:
+    """``bench/`` may drive what ``tests/`` drives only through ``testbed/`` (which imports
+    neither); the tests may import bench code they exercise."""
+    repo = Path(__file__).resolve().parents[2]
+    offenders = []
+    for top, banned in (("bench", {"tests"}), ("testbed", {"tests", "bench"})):
+        for path in sorted((repo / top).rglob("*.py")):
+            bad = sorted(m for m in _imports(path) if m.split(".")[0] in banned)
+            if bad:
+                offenders.append(f"{path.relative_to(repo)}: {bad}")
+    assert not offenders, f"imports across the boundary: {offenders}"

@@ -15,8 +15,8 @@ import socket
 from pynsqd.lookupd.registry import RegistrationDB
 from pynsqd.lookupd.tcp import LookupProtocol
 from pynsqd.wire.lookup import MAGIC, OK, PING, ResponseReader
+from testbed.harness import scaled
 from tests.conftest import run_async
-from tests.support.harness import scaled
 
 LOG = logging.getLogger("test.lookupd.adapter")
 PINGS = 50_000

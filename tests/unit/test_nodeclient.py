@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.harness import scaled
+from testbed.harness import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 

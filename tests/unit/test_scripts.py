@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import scaled
+from testbed.harness import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""What a channel needs from a consumer: ``Consumer``, the interface ``ClientV2`` provides.
+"""What a channel needs from a subscribed connection: ``Subscriber``, the interface ``ClientV2`` provides.
 
 The channel (``channel.py``) hands a consumer messages up to its ``capacity()`` (RDY minus
 what it holds in flight), writes their frames straight into its ``output()`` buffer and then
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 
-class Consumer(Protocol):
+class Subscriber(Protocol):
     in_flight_count: int  # messages of this consumer the channel holds in flight
     finish_count: int
     requeue_count: int

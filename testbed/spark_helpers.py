@@ -22,10 +22,10 @@ from typing import Any
 import httpx
 
 from pynsqd.client import Consumer, Message, SyncProducer
-from tests.conftest import run_async
-from tests.support.harness import Daemon, scaled, wait_for
+from testbed.harness import Daemon, scaled, wait_for
+from testbed.loop import run_async
 
-ROOT = str(Path(__file__).resolve().parents[2])  # the checkout
+ROOT = str(Path(__file__).resolve().parents[1])  # the checkout
 
 
 def make_session() -> Any:
