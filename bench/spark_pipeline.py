@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 
 from bench.common import Figures, Meter, running_node
+from pynsqd.spark.options import DEFAULT_MAX_BATCH_DELAY_MS
 from pynsqd.spark.pipeline import PROG, PipelineOptions, build_source, start_query, transform
 
 SQL = "SELECT id, timestamp, CAST(body AS STRING) AS line FROM nsq"
@@ -420,8 +421,22 @@ def one(spark: Any, args: argparse.Namespace, tmp: str, node: tuple[Any, int, in
     return pipeline(spark, args, tmp, node, n, kind)
 
 
+# What the pipeline is meant to reach on a 2-core machine: (run, figure, at least / at most, bound)
+TARGETS = [("backlog", "x_ceiling", ">=", 0.6), ("live", "x_ceiling", ">=", 0.6), ("dedupe", "x_ceiling", ">=", 0.35),
+           ("trickle", "p99_s", "<=", DEFAULT_MAX_BATCH_DELAY_MS / 1000 + 2), ("sink", "rows_s", ">=", 400_000),
+           ("output", "steady", ">=", 400_000)]
+
+
 def summary(figures: list[Figures], kinds: list[str]) -> None:
     print(f"\nmedian of {len(figures)} run(s), local[2], Parquet by date, nsqd at its defaults:")
+    medians: Figures = {}
     for kind in kinds:
-        row = {k: statistics.median(r[kind][k] for r in figures) for k in figures[0][kind]}
-        print(f"  {kind:8s} " + "  ".join(f"{k}={v:,.2f}" for k, v in row.items()))
+        medians[kind] = {k: statistics.median(r[kind][k] for r in figures) for k in figures[0][kind]}
+        print(f"  {kind:8s} " + "  ".join(f"{k}={v:,.2f}" for k, v in medians[kind].items()))
+    print("targets (medians):")
+    for kind, figure, sense, bound in TARGETS:
+        value = medians.get(kind, {}).get(figure)
+        if value is None:
+            continue
+        met = value >= bound if sense == ">=" else value <= bound
+        print(f"  {kind:8s} {figure} {value:,.2f} {sense} {bound:,.2f}: {'met' if met else 'missed'}")
