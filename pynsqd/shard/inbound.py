@@ -135,7 +135,7 @@ class Inbound:
         self.received = 0  # messages taken from the rings
         self.framed = 0  # of those, stored with no message decoded: every log took the run as is
         self._failing: set[str] = set()  # topics with a unit that could not be stored (logged once)
-        self._stalled: set[int] = set()  # rings waiting for such a unit: retried every STORE_RETRY
+        self._blocked: set[int] = set()  # rings waiting for such a unit: retried every STORE_RETRY
         self._live = list(self.rings)  # the others: those ``catch_up`` looks at
         self._soon: asyncio.Handle | None = None
         self._retry: asyncio.TimerHandle | None = None
@@ -180,7 +180,7 @@ class Inbound:
         self._schedule()
         return applied
 
-    def _retry_stalled(self) -> None:
+    def _retry_blocked(self) -> None:
         self._retry = None
         self._round(time.monotonic_ns(), DRAIN_BATCH, retry=True)
         self._schedule()
@@ -191,23 +191,23 @@ class Inbound:
             return
         if self._soon is None and any(ring.has_records() for ring in self._live):
             self._soon = loop.call_soon(self.drain)
-        if self._retry is None and self._stalled:
-            self._retry = loop.call_later(STORE_RETRY, self._retry_stalled)
+        if self._retry is None and self._blocked:
+            self._retry = loop.call_later(STORE_RETRY, self._retry_blocked)
 
     # --- one pass --------------------------------------------------------------------------
     def _round(self, cutoff: int, limit: int, retry: bool) -> tuple[int, bool]:
         """Take from every ring (the waiting ones only if ``retry``) up to ``limit`` records
         sent before ``cutoff``, store them merged by sent time and consume what was stored.
         Returns (records consumed, whether a bound cut a ring short)."""
-        if retry and self._stalled:
-            self._stalled.clear()
+        if retry and self._blocked:
+            self._blocked.clear()
             self._live = list(self.rings)
         streams: list[list[Item]] = []
         horizon = cutoff - 1
         cut = False
         consumed = 0
         for i, ring in enumerate(self.rings):
-            if (i in self._stalled and not retry) or not ring.has_records():
+            if (i in self._blocked and not retry) or not ring.has_records():
                 continue
             items, short = self._take(i, ring, cutoff, limit)
             if short:
@@ -218,22 +218,22 @@ class Inbound:
                 count = next((n for n, item in enumerate(items) if item[0] > note), len(items))
                 for unit in _units(items[:count]):
                     if not self._apply(unit, True):
-                        self._stall(i)
+                        self._block(i)
                         break
                     consumed += unit[3]
-                items = [] if i in self._stalled else items[count:]
+                items = [] if i in self._blocked else items[count:]
             if items:
                 streams.append(items)
         if len(streams) == 1:
             merged: Sequence[Item] = streams[0]
         else:
             merged = list(takewhile(lambda item: item[0] <= horizon, heapq.merge(*streams, key=_sent)))
-        stalled = self._stalled
+        blocked = self._blocked
         for unit in _units(merged):
-            if unit[0] in stalled:
+            if unit[0] in blocked:
                 continue  # behind a unit that could not be stored
             if unit[4] in self._failing or not self._apply(unit, False):
-                self._stall(unit[0])
+                self._block(unit[0])
                 continue
             consumed += unit[3]
         return consumed, cut
@@ -252,9 +252,9 @@ class Inbound:
             items.append((sent, index, data))
         return items, bool(items) and not ring.peeked_all
 
-    def _stall(self, index: int) -> None:
-        self._stalled.add(index)
-        self._live = [ring for i, ring in enumerate(self.rings) if i not in self._stalled]
+    def _block(self, index: int) -> None:
+        self._blocked.add(index)
+        self._live = [ring for i, ring in enumerate(self.rings) if i not in self._blocked]
 
     def _apply(self, unit: UnitItems, replay: bool) -> bool:
         """Store ``unit`` and consume it; False when it cannot be stored now (it stays).

@@ -74,7 +74,7 @@ class Refill:
         only as many as fit if each were as large as the largest seen so far."""
         log = room.log
         moved = 0
-        stalled = False  # nothing fit even after ``make_room``: try once more, then stop
+        no_room = False  # nothing fit even after ``make_room``: try once more, then stop
         while moved < count and self.backend.depth:
             batch = min(count - moved, log.free_bytes // log.frame_of(self.largest))
             if batch <= 0:
@@ -94,11 +94,11 @@ class Refill:
             n = self._move_in(room, records)
             moved += n
             if n == len(records):
-                stalled = False
-            elif stalled or not room.make_room(log.frame_of(self.largest)):
+                no_room = False
+            elif no_room or not room.make_room(log.frame_of(self.largest)):
                 break  # still no room: the rest stays on disk, read again later
             else:
-                stalled = not n
+                no_room = not n
 
     def _move_in(self, room: Room, records: list[bytes]) -> int:
         """Append the backend's peeked ``records`` to the log and commit those that fit (all,
