@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -490,18 +489,21 @@ def test_sample_rate_delivers_a_sample(nsqd_factory: Callable[..., Daemon]) -> N
     assert 3700 <= in_flight <= 4700
 
 
+def not_reading(nsqd: Daemon, topic: str, count: int, heartbeat_ms: int) -> socket.socket:
+    """``count`` messages of 1 MB in ``topic``, and a consumer of its channel ``ch`` with RDY
+    ``count`` that never reads (a small receive buffer: the node's writes pause at once)."""
+    publish(nsqd, topic, *[b"z" * 1_000_000] * count)
+    lazy = socket.create_connection(nsqd.tcp)
+    lazy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    lazy.sendall(b"  V2" + encode_identify(b'{"heartbeat_interval": %d}' % heartbeat_ms)
+                 + encode_sub(topic, "ch") + encode_rdy(count))
+    return lazy
+
+
 def test_client_that_stops_reading_is_dropped_and_its_messages_requeued(
         nsqd_factory: Callable[..., Daemon]) -> None:
     nsqd = nsqd_factory("--max-msg-size=2000000")
-    body = b"z" * 1_000_000
-    with RawClient(nsqd.tcp) as p:
-        for _ in range(40):
-            p.send(encode_pub("stuck", body))
-            p.expect_ok()
-    lazy = socket.create_connection(nsqd.tcp)
-    lazy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    lazy.sendall(b"  V2" + encode_identify(b'{"heartbeat_interval": 1000}')
-                 + encode_sub("stuck", "ch") + encode_rdy(40))
+    lazy = not_reading(nsqd, "stuck", 40, heartbeat_ms=1000)
     try:
         wait_for(lambda: channel_stats(nsqd, "stuck", "ch")["client_count"] == 0, timeout=10,
                  what="the non-reading client to be dropped")
@@ -521,19 +523,11 @@ def test_a_client_closed_for_silence_while_not_reading_is_still_dropped_at_its_w
     allows: the write deadline still ends it. The shard is stopped past both deadlines so
     that the read deadline is seen first."""
     nsqd = nsqd_factory("--max-msg-size=2000000", "--shards=1")
-    with RawClient(nsqd.tcp) as p:
-        for _ in range(10):
-            p.send(encode_pub("silent", b"z" * 1_000_000))
-            p.expect_ok()
-    lazy = socket.create_connection(nsqd.tcp)
-    lazy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    lazy.sendall(b"  V2" + encode_identify(b'{"heartbeat_interval": 2000}')
-                 + encode_sub("silent", "ch") + encode_rdy(10))
+    lazy = not_reading(nsqd, "silent", 10, heartbeat_ms=2000)
     try:
         wait_for(lambda: channel_stats(nsqd, "silent", "ch")["in_flight_count"] > 0, timeout=10,
                  what="messages in flight to the client that does not read")
-        with urllib.request.urlopen(nsqd.http_url + "/stats?format=json&include_shards=true", timeout=10) as resp:
-            shard = json.loads(resp.read())["supervisor"]["shard_status"][0]["pid"]
+        shard = stats(nsqd, include_shards="true")["supervisor"]["shard_status"][0]["pid"]
         os.kill(shard, signal.SIGSTOP)
         try:
             time.sleep(4.5)  # the fault's length: past the write deadline (2 s) and the read deadline (4 s)

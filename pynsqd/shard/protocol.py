@@ -435,8 +435,7 @@ class ClientV2(asyncio.Protocol):
             return
         if self._write_paused_at and now - self._write_paused_at > hb:
             log.info("client(%s) write timed out: not reading", self.remote_address)
-            self._write_paused_at = 0
-            self.broker.stuck.discard(self)
+            self._write_paused_at = 0  # once: the abort's connection_lost follows
             self._closing = True
             if self.transport is not None:
                 self.transport.abort()
