@@ -45,7 +45,7 @@ READY_TIMEOUT = 30.0  # seconds the supervisor waits for the zygote's imports
 FORK_TIMEOUT = 5.0  # seconds for one shard's pid
 ADOPT_TIMEOUT = 5.0  # seconds a forked shard waits to become the supervisor's child
 MAX_CONFIG = 1 << 20  # bytes of one request's JSON
-MAX_FDS = 1024  # descriptors of one request: control, heartbeat, one eventfd per shard
+MAX_FDS = 253  # the kernel's SCM_MAX_FD: a node of more shards spawns them (``fork`` fails)
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -154,7 +154,7 @@ def _adopted(parent: int) -> None:
         return
     try:
         fd = os.pidfd_open(ppid)
-    except ProcessLookupError:
+    except OSError:  # gone already; or no pidfds (then ``die_with_parent`` ends a stray)
         return
     try:
         select.select([fd], [], [], ADOPT_TIMEOUT)
