@@ -25,6 +25,7 @@ from typing import Any
 
 TIMEOUT_SCALE = float(os.environ.get("PYNSQD_TEST_TIMEOUT_SCALE", "1"))
 _LISTEN = re.compile(r"(\w+): listening on (\S+):(\d+)")
+STARTED: list[Daemon] = []  # every daemon started since the test runner last cleared it
 
 
 def scaled(seconds: float) -> float:
@@ -79,6 +80,7 @@ class Daemon:
             env=env, cwd=self.cwd, start_new_session=True,
             preexec_fn=self._set_limits if self.limits else None,
         )
+        STARTED.append(self)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         end = time.monotonic() + scaled(timeout)

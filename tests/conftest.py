@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from testbed.certs import Certs
-from testbed.harness import Daemon, remove_segments
+from testbed.harness import STARTED, Daemon, remove_segments
 from testbed.loop import run_async  # noqa: F401  (tests import it from here)
 from tests.support.authserver import AuthServer
 from tests.support.containers import (  # noqa: F401  (session fixtures: a Docker engine and pynsqd's images)
@@ -27,6 +27,26 @@ from tests.support.containers import (  # noqa: F401  (session fixtures: a Docke
 )
 from tests.support.foreign import clients  # noqa: F401  (the fixture: test_http, test_auth, the client tests)
 from tests.support.tiers import pytest_collection_modifyitems  # noqa: F401  (the tier of every test module)
+
+OUTPUT_TAIL = 60  # lines of each daemon's output shown with a failure
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    STARTED.clear()  # before the test's fixtures start their daemons
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failing test's report ends with what its daemons printed last (their logs are
+    otherwise gone with their processes)."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and call.when == "call":
+        for daemon in STARTED:
+            if daemon.proc is not None:
+                tail = "\n".join(daemon.output.splitlines()[-OUTPUT_TAIL:])
+                report.sections.append((f"output of {daemon.module} (pid {daemon.pid})", tail))
 
 
 @pytest.fixture

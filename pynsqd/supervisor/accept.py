@@ -21,9 +21,11 @@ serves as soon as descriptors are free.
 The last ``RESERVE`` descriptors under the limit (a quarter of it at most) are never spent on
 accepted connections: a shard replaced by a new one hands its connections over through this
 process (``reload.py``), up to ``MAX_FDS`` in one message, and a receiver without room for
-them would lose them. An accept that returns a descriptor in that reserve (descriptors are
-allocated lowest first, so every one below it is in use) closes that connection and backs off
-as a failed accept does.
+them would lose them. Descriptors are allocated lowest first, so the number a ``dup`` gets is
+the next one an accept would get: each wake-up starts with that probe, and a wake-up whose
+next descriptor is in the reserve backs off as a failed accept does; within a wake-up the
+connection given the last number below the reserve is the last accepted. A connection is
+never accepted only to be closed: past the ceiling it waits in the backlog.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import resource
 import socket
 from collections.abc import Callable
@@ -110,12 +113,22 @@ class Acceptor:
             log.error("%s: accept failed - %s; retrying with back-off until it works", self.name, exc)
         self._pause(self.retry.failed())
 
+    def _next_descriptor(self) -> int:
+        """The number the next accepted connection would get (the lowest free one)."""
+        probe = os.dup(self._fd)
+        os.close(probe)
+        return probe
+
     def _readable(self) -> None:
         if not self.ready():
             self._pause(STALL_POLL)
             return
         batch: Accepted = []
         ceiling = descriptor_ceiling()  # read each time: an operator may change the limit (prlimit)
+        if ceiling is not None and self._next_descriptor() >= ceiling:
+            self._failed(OSError(errno.EMFILE, f"Too many open files ({ceiling} in use; the rest are kept "
+                                               "for connections handed between processes)"))
+            return
         for _ in range(ACCEPT_BATCH):
             try:
                 conn, addr = self.listener.accept()
@@ -126,14 +139,11 @@ class Acceptor:
                     continue
                 self._failed(exc)
                 break
-            if ceiling is not None and conn.fileno() >= ceiling:
-                conn.close()
-                self._failed(OSError(errno.EMFILE, f"Too many open files ({ceiling} in use; the rest are kept "
-                                                   "for connections handed between processes)"))
-                break
             if self.retry.failures:
                 log.info("%s: accepting again after %d failed attempt(s)", self.name, self.retry.failures)
                 self.retry.reset()
             batch.append((conn, addr))
+            if ceiling is not None and conn.fileno() >= ceiling - 1:
+                break  # the next one would be in the reserve: the next wake-up's probe says so
         if batch:
             self.hand_off(batch)
