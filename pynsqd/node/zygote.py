@@ -17,8 +17,9 @@ shard's parent at once, and the shard waits for that (``_adopted``) before it ru
 there a forked shard is like a spawned one: the supervisor reaps it, its
 ``PR_SET_PDEATHSIG`` names the supervisor, an upgrade's ``execve`` keeps it.
 
-The zygote serves the first boot only: the supervisor kills it once every shard of that boot
-is started (``close``), or when it ends first (a bad flag, ``--version``). A shard started
+The zygote serves the first boot only: the supervisor closes its socket once every shard of
+that boot is started, and it ends (``close``); it is killed if the supervisor ends first (a
+bad flag, ``--version``). A shard started
 later (a crash's restart, a reload's replacement) is a fresh interpreter
 (``boot.worker_command``), so it runs the code installed then. A zygote that is not ready
 within ``READY_TIMEOUT`` or does not answer is killed and its shards spawned instead; a shard
@@ -44,6 +45,7 @@ READY = b"ready"
 READY_TIMEOUT = 30.0  # seconds the supervisor waits for the zygote's imports
 FORK_TIMEOUT = 5.0  # seconds for one shard's pid
 ADOPT_TIMEOUT = 5.0  # seconds a forked shard waits to become the supervisor's child
+CLOSE_TIMEOUT = 1.0  # seconds a serving zygote has to end once told to
 MAX_CONFIG = 1 << 20  # bytes of one request's JSON
 MAX_FDS = 253  # the kernel's SCM_MAX_FD: a node of more shards spawns them (``fork`` fails)
 PR_SET_CHILD_SUBREAPER = 36
@@ -55,6 +57,7 @@ class Zygote:
     def __init__(self, pid: int, sock: socket.socket) -> None:
         self.pid = pid
         self.sock = sock
+        self.serving = False  # it said ``ready``: it ends by itself once its socket is closed
 
     @classmethod
     def start(cls) -> Zygote:
@@ -74,12 +77,12 @@ class Zygote:
         """Wait for the zygote's imports; False: it failed or is too slow (then killed)."""
         self.sock.settimeout(timeout)
         try:
-            ok = self.sock.recv(len(READY)) == READY
+            self.serving = self.sock.recv(len(READY)) == READY
         except OSError:
-            ok = False
-        if not ok:
+            pass
+        if not self.serving:
             self.close()
-        return ok
+        return self.serving
 
     def fork(self, config: str, fds: list[int]) -> int | None:
         """A shard process started with ``config`` (a ``BootConfig``'s JSON) and ``fds`` (its
@@ -92,18 +95,23 @@ class Zygote:
             socket.send_fds(self.sock, [config.encode()], fds)
             return int(self.sock.recv(32))
         except (OSError, ValueError):  # gone (an empty answer), or too slow
+            self.serving = False
             self.close()
             return None
 
     def close(self) -> None:
-        """Kill and reap the zygote (the shards it forked are not its children any more)."""
+        """End and reap the zygote. One that is serving ends by itself once it has reaped
+        its last intermediate process (so no shard is left on the way to being adopted); one
+        that is not, or does not end within ``CLOSE_TIMEOUT``, is killed."""
         self.sock.close()
-        if self.pid:
+        if not self.pid:
+            return
+        if not self.serving or not _ends_within(self.pid, CLOSE_TIMEOUT):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):  # reaped already
-                os.waitpid(self.pid, 0)
-            self.pid = 0
+        with contextlib.suppress(ChildProcessError):  # reaped already
+            os.waitpid(self.pid, 0)
+        self.pid = 0
 
 
 def _serve(sock: socket.socket, supervisor: int) -> NoReturn:
@@ -150,13 +158,20 @@ def _adopted(parent: int) -> None:
     """Wait until the intermediate process has exited and ``parent`` is this one's parent
     (``worker.die_with_parent`` then checks it)."""
     ppid = os.getppid()
-    if ppid == parent:
-        return
+    if ppid != parent:
+        _ends_within(ppid, ADOPT_TIMEOUT)
+
+
+def _ends_within(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` has ended (or is gone) within ``timeout`` seconds (False, too,
+    without pidfds)."""
     try:
-        fd = os.pidfd_open(ppid)
-    except OSError:  # gone already; or no pidfds (then ``die_with_parent`` ends a stray)
-        return
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
     try:
-        select.select([fd], [], [], ADOPT_TIMEOUT)
+        return bool(select.select([fd], [], [], timeout)[0])
     finally:
         os.close(fd)

@@ -565,8 +565,8 @@ class Supervisor:
         return 0
 
     def _start_shards(self) -> None:
-        """The first boot: the zygote forks the shards (each spawned if it cannot), then is
-        killed, so that every later shard runs the code installed then. A shard that cannot be
+        """The first boot: the zygote forks the shards (each spawned if it cannot), then
+        ends, so that every later shard runs the code installed then. A shard that cannot be
         started stops the node."""
         zygote, self.zygote = self.zygote, None
         if zygote is not None and not zygote.ready():

@@ -9,10 +9,26 @@ new image, which inherits running shards) kills it.
 
 from __future__ import annotations
 
+import resource
+
 from pynsqd.node.zygote import Zygote
 
 
+def raise_descriptor_limit() -> None:
+    """The soft limit on open descriptors up to the hard one, as every Go program since Go
+    1.19 does at start (so NSQ's nsqd does): a node under the common 1024 soft limit would
+    refuse connections long before the one it replaces. Shards inherit it. A hard limit the
+    kernel will not grant as a soft one (``RLIM_INFINITY`` past ``nr_open``) leaves it as it was."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError):
+            pass
+
+
 def main() -> None:
+    raise_descriptor_limit()  # before the fork: the zygote's shards inherit it too
     zygote = Zygote.start()  # a shard it forks never returns from here (``zygote.py``)
     try:
         from pynsqd.supervisor.command import nsqd  # after the fork: see the module doc

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import os
-import resource
 import sys
 
 import uvloop
@@ -23,19 +22,6 @@ from pynsqd.supervisor.arbiter import Supervisor
 from pynsqd.supervisor.upgrade import Inherited
 
 
-def raise_descriptor_limit() -> None:
-    """The soft limit on open descriptors up to the hard one, as every Go program since Go
-    1.19 does at start (so NSQ's nsqd does): a node under the common 1024 soft limit would
-    refuse connections long before the one it replaces. Shards inherit it. A hard limit the
-    kernel will not grant as a soft one (``RLIM_INFINITY`` past ``nr_open``) leaves it as it was."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (OSError, ValueError):
-            pass
-
-
 def _main(argv: list[str], zygote: Zygote | None) -> int:
     opts, version = parse_args(argv, prog="nsqd")
     if version:
@@ -47,7 +33,6 @@ def _main(argv: list[str], zygote: Zygote | None) -> int:
     if os.environ.get(IMPORT_CHECK):  # an upgrade's preflight: the installed code runs this far
         return 0
     logs.setup(opts.log_prefix, opts.log_level)
-    raise_descriptor_limit()
     inherited = Inherited.from_environment()
     if inherited is not None and zygote is not None:  # the shards run already
         zygote.close()
