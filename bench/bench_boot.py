@@ -76,23 +76,27 @@ class Node:
         self.tcp, self.http = _free_port(), _free_port()
         self.started = time.monotonic()
         self.recovered: float | None = None
+        self.tail: list[bytes] = []  # the last lines of its log, for an exit before /ping
         self.proc = subprocess.Popen(
             [str(python if python.exists() else sys.executable), "-m", "pynsqd.supervisor",
              f"--tcp-address=127.0.0.1:{self.tcp}", f"--http-address=127.0.0.1:{self.http}", f"--data-path={data}",
              "--log-level=info", *flags],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
+            self.tail = [*self.tail[-9:], line]
             if self.recovered is None and _RECOVERED.search(line):
                 self.recovered = time.monotonic() - self.started
 
     def wait_ping(self) -> float:
         while not _ping(self.http):
             if self.proc.poll() is not None:
-                raise SystemExit("node exited")
+                self.reader.join(5)  # its log to the end
+                raise SystemExit("node exited:\n" + b"".join(self.tail).decode(errors="replace"))
             time.sleep(0.002)
         return time.monotonic() - self.started
 
