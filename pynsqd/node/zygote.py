@@ -15,13 +15,13 @@ intermediate process that forks the shard, sends the shard's pid back and exits;
 supervisor is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so the kernel makes it the
 shard's parent at once, and the shard waits for that (``_adopted``) before it runs. From
 there a forked shard is like a spawned one: the supervisor reaps it, its
-``PR_SET_PDEATHSIG`` names the supervisor, an upgrade's ``execve`` keeps it.
+``PR_SET_PDEATHSIG`` names the supervisor, an upgrade's ``execve`` keeps it. Only its command
+line and environment are the supervisor's (the supervisor's log names its pid).
 
 The zygote serves the first boot only: the supervisor closes its socket once every shard of
 that boot is started, and it ends (``close``); it is killed if the supervisor ends first (a
-bad flag, ``--version``). A shard started
-later (a crash's restart, a reload's replacement) is a fresh interpreter
-(``boot.worker_command``), so it runs the code installed then. A zygote that is not ready
+bad flag, ``--version``). A shard started later (a crash's restart, a reload's replacement)
+is a fresh interpreter (``boot.worker_command``), so it runs the code installed then. A zygote that is not ready
 within ``READY_TIMEOUT`` or does not answer is killed and its shards spawned instead; a shard
 it forked whose pid never reached the supervisor finds its control socket closed and exits.
 """

@@ -10,11 +10,12 @@ of a run with another shard count hold (``leftover_rings.py``), create the inbou
 (``node/rings.py``), one heartbeat page and one eventfd per shard. A step that fails undoes
 the ones before it (``startup.py``): a failed start leaves nothing behind.
 
-``main()`` spawns the shards (``os.posix_spawn`` of ``node/boot.worker_command``: a fresh
-interpreter that imports exactly this process's code, never a fork of a running loop) with
-their descriptors inherited, accepts once the first says ``ready`` and announces the
-listeners once all have, accepts TCP connections and hands each to its
-shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
+``main()`` starts the shards — at a fresh node's boot forked by the zygote that imported
+their code meanwhile (``node/zygote.py``), later spawned (``os.posix_spawn`` of
+``node/boot.worker_command``: a fresh interpreter that imports exactly this process's code);
+never a fork of a running loop — with their descriptors, accepts once the first says
+``ready`` and announces the listeners once all have, accepts TCP connections and hands each
+to its shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
 turn (``httpaccept.py``) — every listener through one ``accept.Acceptor``, which rides out a
 lack of descriptors — and keeps the node's single lookupd registration and ``nsqd.dat``
 from what the shards report (``topictable.py``). What a shard asks of the others (stats,
