@@ -2,8 +2,9 @@
 
 *Fresh start*: ``--starts`` nodes on an empty data path, one after the other; for each, the
 seconds from spawning ``nsqd`` to the first ``/ping`` answered ``OK`` (polled every 2 ms on
-a port chosen beforehand), and the CPU seconds the supervisor and the busiest shard had used
-by then.
+a port chosen beforehand), and the CPU seconds the supervisor, the busiest shard, the
+children the supervisor reaped by then (the zygote that forked the first shards) and all of
+them together had used by then.
 
 *Crash*: a node with ``--mem-queue-size`` above ``--count`` gets ``--count`` messages of
 ``--size`` bytes on one channel (all in shared memory), then its whole tree is killed with
@@ -75,31 +76,39 @@ class Node:
         self.tcp, self.http = _free_port(), _free_port()
         self.started = time.monotonic()
         self.recovered: float | None = None
+        self.tail: list[bytes] = []  # the last lines of its log, for an exit before /ping
         self.proc = subprocess.Popen(
             [str(python if python.exists() else sys.executable), "-m", "pynsqd.supervisor",
              f"--tcp-address=127.0.0.1:{self.tcp}", f"--http-address=127.0.0.1:{self.http}", f"--data-path={data}",
              "--log-level=info", *flags],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
+            self.tail = [*self.tail[-9:], line]
             if self.recovered is None and _RECOVERED.search(line):
                 self.recovered = time.monotonic() - self.started
 
     def wait_ping(self) -> float:
         while not _ping(self.http):
             if self.proc.poll() is not None:
-                raise SystemExit("node exited")
+                self.reader.join(5)  # its log to the end
+                raise SystemExit("node exited:\n" + b"".join(self.tail).decode(errors="replace"))
             time.sleep(0.002)
         return time.monotonic() - self.started
 
-    def cpu(self) -> tuple[float, float]:
-        """CPU seconds so far: the supervisor's, the busiest shard's."""
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far: the supervisor's, the busiest shard's, those of the children
+        the supervisor reaped (the zygote, which forked the first shards), and all of them."""
         proc = psutil.Process(self.proc.pid)
+        times = proc.cpu_times()
         shards = [sum(c.cpu_times()[:2]) for c in proc.children()]
-        return sum(proc.cpu_times()[:2]), max(shards, default=0.0)
+        supervisor, reaped = times.user + times.system, times.children_user + times.children_system
+        return {"supervisor_cpu_s": supervisor, "shard_cpu_s": max(shards, default=0.0),
+                "zygote_cpu_s": reaped, "total_cpu_s": supervisor + reaped + sum(shards)}
 
     def kill(self) -> None:
         """SIGKILL the whole tree (by pid)."""
@@ -125,11 +134,11 @@ def fresh_start(tree: Path) -> dict[str, float]:
         node = Node(tree, data)
         try:
             ping = node.wait_ping()
-            supervisor, shard = node.cpu()
+            cpu = node.cpu()
         finally:
             node.stop()
             remove_segments(data)
-    return {"ping_s": ping, "supervisor_cpu_s": supervisor, "shard_cpu_s": shard}
+    return {"ping_s": ping, **cpu}
 
 
 def crash(tree: Path, count: int, size: int) -> dict[str, float]:

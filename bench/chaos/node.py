@@ -25,6 +25,7 @@ from pynsqd.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE, FrameParser
 from testbed.harness import Daemon, remove_segments
 
 WORKER_ENV = "PYNSQD_WORKER"  # names a shard process and its index (the supervisor's contract)
+_STARTED = re.compile(r"shard (\d+): started \(pid (\d+),")  # the supervisor's log line for every shard
 PROBE_CHANNEL = "probe"
 
 
@@ -101,12 +102,16 @@ class Node:
             return []
 
     def shard_pids(self) -> dict[int, int]:
-        """Shard index → pid, from the processes' environment (no request to the node); while
-        a shard is being replaced, the newest of its two processes."""
+        """Shard index → pid, from a spawned process's environment or, for one the zygote
+        forked (its environment is the supervisor's), from the node's log (no request to the
+        node); while a shard is being replaced, the newest of its two processes."""
+        logged = {int(m[2]): int(m[1]) for line in self.daemon.lines if (m := _STARTED.search(line))}
         out: dict[int, int] = {}
         for proc in sorted(self.processes()[1:], key=lambda p: p.create_time()):
             with contextlib.suppress(psutil.Error, KeyError, ValueError):
-                out[int(json.loads(proc.environ()[WORKER_ENV])["index"])] = proc.pid
+                env = proc.environ()
+                index = int(json.loads(env[WORKER_ENV])["index"]) if WORKER_ENV in env else logged[proc.pid]
+                out[index] = proc.pid
         return out
 
     def rss(self) -> int:

@@ -1,9 +1,11 @@
-"""What a shard worker is started with: ``BootConfig``, from the supervisor's ``spawn``.
+"""What a shard worker is started with: ``BootConfig``, from the supervisor's ``launch``.
 
 A worker is a fresh interpreter (``worker_command``) whose descriptors — its end of the
 control socketpair, its heartbeat page, one eventfd per shard — are inherited and named
 here, with the node's resolved options, so it never re-reads flags or config files. The
-config travels as JSON in the ``ENV`` environment variable. A worker that cannot start
+config travels as JSON in the ``ENV`` environment variable. At a node's first boot a worker
+is a fork of the zygote instead (``zygote.py``), which received the same JSON and the
+descriptors over a socket (``with_descriptors``). A worker that cannot start
 writes one line on stderr and exits with ``BOOT_ERROR``, which stops the node instead of
 respawning it.
 
@@ -29,6 +31,7 @@ import sys
 import orjson
 
 from pynsqd.node.config import NsqdOptions
+from pynsqd.node.zygote import WORKER_MODULE
 from pynsqd.shm.sizing import LogSizing
 
 ENV = "PYNSQD_WORKER"  # the environment variable naming a spawned process as a worker
@@ -51,7 +54,7 @@ def same_code_command(module: str, args: list[str]) -> tuple[list[str], dict[str
 def worker_command() -> tuple[list[str], dict[str, str]]:
     """The argv of a worker (its one argument only names it in ``ps``) and what its
     environment adds (``same_code_command``)."""
-    return same_code_command("pynsqd.shard.worker", ["pynsqd.shard.worker"])
+    return same_code_command(WORKER_MODULE, [WORKER_MODULE])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +79,11 @@ class BootConfig:
     @property
     def inherited(self) -> list[int]:
         return [self.control_fd, self.heartbeat_fd, *self.wake_fds]
+
+    def with_descriptors(self, fds: list[int]) -> BootConfig:
+        """This config in a process that received ``inherited`` as ``fds`` (``SCM_RIGHTS``
+        numbers them anew)."""
+        return dataclasses.replace(self, control_fd=fds[0], heartbeat_fd=fds[1], wake_fds=list(fds[2:]))
 
     def encode(self) -> str:
         return orjson.dumps(dataclasses.asdict(self)).decode()

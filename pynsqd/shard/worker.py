@@ -1,8 +1,10 @@
-"""A shard worker process, started by the supervisor (``node/boot.worker_command``).
+"""A shard worker process, started by the supervisor (``node/boot.worker_command``, or at a
+node's first boot forked by the zygote, ``node/zygote.py``: ``forked``).
 
 Theory of operation
 -------------------
-The supervisor spawns each worker (a fresh interpreter, never a fork of a running loop) with
+The supervisor starts each worker (a fresh interpreter, or a fork of the zygote that
+imported this module meanwhile; never a fork of a running loop) with
 everything it needs in a ``BootConfig`` (``node/boot.py``): inherited file descriptors (its
 end of the control socketpair, the heartbeat page and one eventfd per shard, wake-ups for the
 inbound rings) and the resolved options. It has no listening socket: the supervisor accepts
@@ -541,9 +543,20 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
 
 
 def main() -> None:
+    """A spawned worker: its config is in the environment."""
     if os.environ.get(IMPORT_CHECK):  # an upgrade's preflight: the installed code imports
         return
-    boot = BootConfig.from_environment()
+    sys.exit(run(BootConfig.from_environment()))
+
+
+def forked(config: str, fds: list[int]) -> int:
+    """A worker forked by the zygote (``node/zygote.py``): its config and descriptors came
+    over the zygote's socket. Its exit status."""
+    return run(BootConfig.decode(config).with_descriptors(fds))
+
+
+def run(boot: BootConfig) -> int:
+    """Serve as shard ``boot.index`` until told to stop; the exit status."""
     die_with_parent(boot.parent)
     # the supervisor coordinates Ctrl-C, reloads and upgrades (a signal sent to the whole
     # process group, or by ``systemctl kill``, must not stop a shard)
@@ -558,9 +571,8 @@ def main() -> None:
         os._exit(BOOT_ERROR)
     uvloop.run(worker.main())
     if worker.boot_failed:
-        sys.exit(BOOT_ERROR)
-    if worker.failed:
-        sys.exit(1)
+        return BOOT_ERROR
+    return 1 if worker.failed else 0
 
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@ of a run with another shard count hold (``leftover_rings.py``), create the inbou
 (``node/rings.py``), one heartbeat page and one eventfd per shard. A step that fails undoes
 the ones before it (``startup.py``): a failed start leaves nothing behind.
 
-``main()`` spawns the shards (``os.posix_spawn`` of ``node/boot.worker_command``: a fresh
-interpreter that imports exactly this process's code, never a fork of a running loop) with
-their descriptors inherited, accepts once the first says ``ready`` and announces the
-listeners once all have, accepts TCP connections and hands each to its
-shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
+``main()`` starts the shards — at a fresh node's boot forked by the zygote that imported
+their code meanwhile (``node/zygote.py``), later spawned (``os.posix_spawn`` of
+``node/boot.worker_command``: a fresh interpreter that imports exactly this process's code);
+never a fork of a running loop — with their descriptors, accepts once the first says
+``ready`` and announces the listeners once all have, accepts TCP connections and hands each
+to its shard (``handoff.py``), accepts HTTP and HTTPS connections and hands them to the shards in
 turn (``httpaccept.py``) — every listener through one ``accept.Acceptor``, which rides out a
 lack of descriptors — and keeps the node's single lookupd registration and ``nsqd.dat``
 from what the shards report (``topictable.py``). What a shard asks of the others (stats,
@@ -88,6 +89,7 @@ from pynsqd.node.placement import Placement
 from pynsqd.node.rings import create_rings, release_rings
 from pynsqd.node.shmowner import OwnerRecord
 from pynsqd.node.tls import build_server_context
+from pynsqd.node.zygote import Zygote
 from pynsqd.options import UsageError
 from pynsqd.shm.sizing import Host, plan
 from pynsqd.signals import signals_to
@@ -120,10 +122,12 @@ ADOPT_RETRY = 0.05  # seconds before the next try after a shard lost a connectio
 class Supervisor:
     """One nsqd node: N shard processes behind one set of listeners."""
 
-    def __init__(self, opts: NsqdOptions, shards: int, inherited: Inherited | None = None) -> None:
+    def __init__(self, opts: NsqdOptions, shards: int, inherited: Inherited | None = None,
+                 zygote: Zygote | None = None) -> None:
         self.opts = opts
         self.shards = shards
         self.inherited = inherited  # this image replaced a running supervisor (``upgrade.py``)
+        self.zygote = zygote  # forks the first boot's shards (``node/zygote.py``)
         self.host = Host.now()
         if inherited is None:
             topics = self._start()
@@ -237,17 +241,19 @@ class Supervisor:
                             version=NSQ_VERSION, hostname=socket.gethostname())
 
     # --- spawning and supervising shards -----------------------------------------------------
-    def spawn(self, slot: Slot) -> None:
-        """Start the shard of ``slot``. Raises ``OSError`` (descriptors or processes
-        exhausted) with nothing left open."""
+    def spawn(self, slot: Slot, zygote: Zygote | None = None) -> None:
+        """Start the shard of ``slot`` (forked by ``zygote`` if it can). Raises ``OSError``
+        (descriptors or processes exhausted) with nothing left open."""
         slot.reset_heartbeat()
-        slot.pid, slot.channel = self.launch(slot.index)
+        slot.pid, slot.channel = self.launch(slot.index, zygote=zygote)
         slot.started = time.monotonic()
-        log.info("shard %d: started (pid %d)", slot.index, slot.pid)
+        how = "forked by the zygote" if zygote is not None and zygote.pid else "spawned"
+        log.info("shard %d: started (pid %d, %s)", slot.index, slot.pid, how)
 
-    def launch(self, index: int, standby: bool = False) -> tuple[int, ControlChannel]:
+    def launch(self, index: int, standby: bool = False, zygote: Zygote | None = None) -> tuple[int, ControlChannel]:
         """A worker process for shard ``index`` (``standby``: to replace the running one,
-        ``reload.py``) and its control channel. Raises ``OSError`` with nothing left open."""
+        ``reload.py``), forked by ``zygote`` if it answers and spawned otherwise, and its
+        control channel. Raises ``OSError`` with nothing left open."""
         here, there = channel_pair()
         boot = BootConfig(index=index, shards=self.shards, parent=os.getpid(), opts=self.opts,
                           log_sizing=self.log_sizing, start_time=self.start_time, start_ns=self.start_ns,
@@ -255,19 +261,14 @@ class Supervisor:
                           http=self.http_socket is not None, https=self.https_socket is not None,
                           control_fd=there.fileno(), heartbeat_fd=self.slots[index].heartbeat.fd,
                           wake_fds=self.wake_fds, standby=standby)
-        fds = boot.inherited
-        argv, extra = worker_command()
-        env = {**os.environ, **extra, ENV: boot.encode()}
-        for fd in fds:
-            os.set_inheritable(fd, True)
         try:
-            pid = os.posix_spawn(argv[0], argv, env)
+            pid = zygote.fork(boot.encode(), boot.inherited) if zygote is not None else None
+            if pid is None:
+                pid = _spawn_worker(boot)
         except OSError:
             here.close()
             raise
         finally:
-            for fd in fds:
-                os.set_inheritable(fd, False)
             there.close()
         channel = ControlChannel(here, self._on_control, f"shard {index}")
         channel.on_close = self._channel_closed
@@ -540,13 +541,8 @@ class Supervisor:
         self.metadata.save_now()
         if self.inherited is not None:
             self._spawn_task(self.upgrader.resume_shards(self.inherited))
-        for slot in self.slots if self.inherited is None else ():
-            try:
-                self.spawn(slot)
-            except OSError as exc:
-                self.fatal = f"cannot start shard {slot.index} - {exc}"
-                self._signals.put_nowait(signal.SIGTERM)
-                break
+        else:
+            self._start_shards()
         self._accept_task = loop.create_task(self._wait_then_accept())
         self._accept_task.add_done_callback(self._task_done)
         while not self._stopping:
@@ -568,6 +564,23 @@ class Supervisor:
             print(f"nsqd: {self.fatal}", file=sys.stderr)
             return 1
         return 0
+
+    def _start_shards(self) -> None:
+        """The first boot: the zygote forks the shards (each spawned if it cannot), then
+        ends, so that every later shard runs the code installed then. A shard that cannot be
+        started stops the node."""
+        zygote, self.zygote = self.zygote, None
+        if zygote is not None and not zygote.ready():
+            log.warning("the zygote did not start: spawning the shards")
+        for slot in self.slots:
+            try:
+                self.spawn(slot, zygote)
+            except OSError as exc:
+                self.fatal = f"cannot start shard {slot.index} - {exc}"
+                self._signals.put_nowait(signal.SIGTERM)
+                break
+        if zygote is not None:
+            zygote.close()
 
     async def _wait_then_accept(self) -> None:
         """Accept from the first shard that is ready on: connections for a shard still
@@ -732,3 +745,17 @@ def _reaped(pid: int) -> bool:
 def _kill(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
+
+
+def _spawn_worker(boot: BootConfig) -> int:
+    """A fresh interpreter of this process's code running a shard with ``boot``."""
+    fds = boot.inherited
+    argv, extra = worker_command()
+    env = {**os.environ, **extra, ENV: boot.encode()}
+    for fd in fds:
+        os.set_inheritable(fd, True)
+    try:
+        return os.posix_spawn(argv[0], argv, env)
+    finally:
+        for fd in fds:
+            os.set_inheritable(fd, False)

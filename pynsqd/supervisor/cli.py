@@ -1,23 +1,17 @@
-"""``nsqd-supervisor`` / ``nsqd``: parse NSQ's flags and run the node as a supervisor with
-``--shards`` shard processes (``arbiter.py``); and ``nsqd-reclaim-shm``, which removes the
-shared memory of stopped nodes whose data path is gone (``node/shmowner.py``)."""
+"""The entry points: ``nsqd-supervisor`` / ``nsqd`` and ``nsqd-reclaim-shm`` (``command.py``).
+
+``nsqd`` forks the zygote (``node/zygote.py``) before it imports its own modules or reads its
+flags: the zygote imports the shards' code on the other core meanwhile, which is most of a
+node's start-up. So this module imports nothing heavy, and ``command.py`` is imported after
+the fork. A run that ends without using the zygote (``--version``, a bad flag, an upgrade's
+new image, which inherits running shards) kills it.
+"""
 
 from __future__ import annotations
 
-import os
 import resource
-import sys
 
-import uvloop
-
-from pynsqd import NSQ_VERSION, __version__, logs
-from pynsqd.node.boot import IMPORT_CHECK
-from pynsqd.node.config import parse_args
-from pynsqd.node.shmowner import reclaim
-from pynsqd.options import Parser, UsageError, run_cli
-from pynsqd.shm.cpu import this_host_refusal
-from pynsqd.supervisor.arbiter import Supervisor
-from pynsqd.supervisor.upgrade import Inherited
+from pynsqd.node.zygote import Zygote
 
 
 def raise_descriptor_limit() -> None:
@@ -33,49 +27,19 @@ def raise_descriptor_limit() -> None:
             pass
 
 
-def _main(argv: list[str]) -> int:
-    opts, version = parse_args(argv, prog="nsqd")
-    if version:
-        print(f"nsqd v{NSQ_VERSION} (pynsqd {__version__}, python {sys.version.split()[0]})")
-        return 0
-    why = this_host_refusal()
-    if why:
-        raise UsageError(why)
-    if os.environ.get(IMPORT_CHECK):  # an upgrade's preflight: the installed code runs this far
-        return 0
-    logs.setup(opts.log_prefix, opts.log_level)
-    raise_descriptor_limit()
-    supervisor = Supervisor(opts, opts.shards, Inherited.from_environment())
-    supervisor.argv = list(argv)
-    return uvloop.run(supervisor.main())
-
-
 def main() -> None:
-    run_cli(_main, prog="nsqd")
-
-
-RECLAIM = "nsqd-reclaim-shm"
-
-
-def _reclaim(argv: list[str]) -> int:
-    parser = Parser(prog=RECLAIM, description=(
-        "Remove the shared memory (/dev/shm) left by pynsqd nodes that no longer run and whose "
-        "--data-path was removed or replaced. A running node's, or a stopped one's whose data path "
-        "is still there (a restart recovers it), is never touched. Every nsqd does this at start too."))
-    parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
-    dry_run = parser.parse_args(argv).dry_run
-    gone = reclaim(dry_run=dry_run)
-    verb = "would remove" if dry_run else "removed"
-    for g in gone:
-        print(f"{RECLAIM}: {verb} {g.segments} segments ({g.size / (1 << 20):.1f} MiB) of the stopped node "
-              f"on {g.data_path} ({g.reason})")
-    if not gone:
-        print(f"{RECLAIM}: nothing to remove")
-    return 0
+    raise_descriptor_limit()  # before the fork: the zygote's shards inherit it too
+    zygote = Zygote.start()  # a shard it forks never returns from here (``zygote.py``)
+    try:
+        from pynsqd.supervisor.command import nsqd  # after the fork: see the module doc
+        nsqd(zygote)
+    finally:
+        zygote.close()
 
 
 def reclaim_main() -> None:
-    run_cli(_reclaim, prog=RECLAIM)
+    from pynsqd.supervisor.command import reclaim_main as run  # not at the top: see ``main``
+    run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,92 @@
+"""A node's start: the first boot's shards are forks of the zygote, which imported their code
+while the supervisor set up; a node answering its first ``/ping`` serves; later shards are
+fresh interpreters of the code installed then; a run that stops early leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pynsqd.wire.commands import encode_pub
+from testbed.harness import Daemon, remove_segments, scaled, wait_for
+from tests.support.rawclient import RawClient
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def nsqd(tmp_path: Path) -> Iterator[Daemon]:
+    (tmp_path / "data").mkdir()
+    daemon = Daemon("pynsqd.supervisor", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                                          f"--data-path={tmp_path / 'data'}", "--shards=2"])
+    try:
+        yield daemon.start()
+    finally:
+        daemon.stop()
+        remove_segments([daemon])
+
+
+def http(nsqd: Daemon, path: str, body: bytes | None = None) -> bytes:
+    with urllib.request.urlopen(nsqd.http_url + path, data=body, timeout=scaled(10)) as resp:
+        return bytes(resp.read())
+
+
+def shards(nsqd: Daemon) -> list[psutil.Process]:
+    assert nsqd.proc is not None
+    return psutil.Process(nsqd.proc.pid).children()
+
+
+def test_the_first_shards_are_forks_of_the_zygote_and_the_first_ping_means_serving(nsqd: Daemon) -> None:
+    """No interpreter was started for them (their command line is the supervisor's: they
+    are forks of the zygote, which had imported the shard's code), they are the supervisor's
+    children, and right after the first ``/ping`` a TCP PUB and an HTTP ``/pub`` succeed."""
+    assert http(nsqd, "/ping") == b"OK"
+    with RawClient(nsqd.tcp) as c:
+        c.send(encode_pub("first", b"tcp"))
+        c.expect_ok()
+    assert http(nsqd, "/pub?topic=first", b"http") == b"OK"
+    assert nsqd.proc is not None
+    supervisor = psutil.Process(nsqd.proc.pid)
+    forked = shards(nsqd)
+    assert len(forked) == 2
+    for shard in forked:
+        assert shard.cmdline() == supervisor.cmdline()
+        assert shard.ppid() == supervisor.pid
+    assert nsqd.output.count("forked by the zygote") == 2, nsqd.output
+
+
+def test_a_restarted_shard_is_a_fresh_interpreter_of_the_installed_code(nsqd: Daemon) -> None:
+    """The zygote served the first boot only: a shard restarted after a crash runs the code
+    installed now (``pynsqd.shard.worker`` started anew), and serves."""
+    victim = shards(nsqd)[0]
+    victim.send_signal(signal.SIGKILL)
+    nsqd.wait_for_log(r"shard \d: started \(pid \d+, spawned\)")
+
+    def respawned() -> list[psutil.Process]:
+        return [p for p in shards(nsqd) if "pynsqd.shard.worker" in p.cmdline()]
+    [fresh] = wait_for(respawned, 20, what="the restarted shard")
+    assert fresh.pid != victim.pid
+    wait_for(lambda: http(nsqd, "/ping") == b"OK", 20, what="the node ready again")
+    for topic in ("t0", "t1", "t2", "t3"):  # on both shards
+        assert http(nsqd, f"/pub?topic={topic}", b"x") == b"OK"
+
+
+@pytest.mark.parametrize("flag", ["--version", "--no-such-flag"])
+def test_a_run_that_ends_before_its_shards_leaves_no_process(tmp_path: Path, flag: str) -> None:
+    """The zygote forked at start is killed when ``nsqd`` ends without shards."""
+    marker = str(tmp_path / "data")
+    out = subprocess.run([sys.executable, "-m", "pynsqd.supervisor", f"--data-path={marker}", flag],
+                         capture_output=True, text=True, timeout=scaled(30), check=False)
+    assert out.returncode == (0 if flag == "--version" else 1), out
+    assert "Traceback" not in out.stderr
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or ())]
+    assert not left, left
+    assert os.listdir(tmp_path) == []
