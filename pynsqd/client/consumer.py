@@ -32,8 +32,11 @@ up to ``max_reconnect_interval``, with jitter (``pynsqd.backoff``). A discovered
 not retried: the next lookupd poll brings it back if it is still listed; a node that every
 lookupd stopped listing is closed.
 
-``stop()`` is graceful: stop discovery, send CLS everywhere (nsqd stops sending), wait up to
-``grace`` seconds for in-flight messages to be answered, then close the connections.
+``stop()`` is graceful: RDY 0 everywhere at once (before it waits for anything, so a handler
+that requeues what comes after its last message does not get it back again and again, its
+attempts counting up to ``max_attempts``, which FINs it), stop discovery, send CLS
+everywhere (nsqd stops sending), wait up to ``grace`` seconds for in-flight messages to be
+answered, then close the connections.
 """
 
 from __future__ import annotations
@@ -195,6 +198,8 @@ class Consumer:
             await self._closed.wait()
             return
         self._stopping = True
+        for key in list(self.conns):  # now, before any wait: nsqd sends nothing more from here on
+            self._send_rdy(key, 0)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
