@@ -17,11 +17,18 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 import re
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import unquote_to_bytes
 
 import orjson
-from starlette.responses import Response
+
+from pynsqd.lazyimport import lazy_module
+
+if TYPE_CHECKING:
+    from starlette import responses
+    from starlette.responses import Response
+else:
+    responses = lazy_module("starlette.responses")  # imported by the first response made here
 
 JSON_TYPE = "application/json; charset=utf-8"
 TEXT_TYPE = "text/plain; charset=utf-8"
@@ -89,7 +96,7 @@ def _unescape(raw: bytes) -> str:
 def api_response(data: Any = None, status: int = 200) -> Response:
     """nsqd's V1 answer: ``None`` as an empty body, bytes/str as text, anything else as JSON."""
     if isinstance(data, (str, bytes)):
-        return Response(data, status, dict([NSQ_CONTENT_TYPE]), TEXT_TYPE)
+        return responses.Response(data, status, dict([NSQ_CONTENT_TYPE]), TEXT_TYPE)
     return json_response(data, status)
 
 
@@ -97,8 +104,8 @@ def json_response(data: Any = None, status: int = 200) -> Response:
     """NSQ's V1 answer: ``None`` as an empty body, anything else (a string too) as JSON."""
     headers = dict([NSQ_CONTENT_TYPE])
     if data is None:
-        return Response(b"", status, headers)
-    return Response(go_json(data), status, headers, JSON_TYPE)
+        return responses.Response(b"", status, headers)
+    return responses.Response(go_json(data), status, headers, JSON_TYPE)
 
 
 def error_response(status: int, message: str) -> Response:

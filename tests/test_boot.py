@@ -4,6 +4,7 @@ fresh interpreters of the code installed then; a run that stops early leaves not
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -77,6 +78,24 @@ def test_a_restarted_shard_is_a_fresh_interpreter_of_the_installed_code(nsqd: Da
     wait_for(lambda: http(nsqd, "/ping") == b"OK", 20, what="the node ready again")
     for topic in ("t0", "t1", "t2", "t3"):  # on both shards
         assert http(nsqd, f"/pub?topic={topic}", b"x") == b"OK"
+
+
+def test_forked_shards_collect_garbage(nsqd: Daemon) -> None:
+    """The collector is off while ``nsqd`` imports and the zygote forks; a forked shard turns
+    it back on: the shards' collections (``/stats``' memory, summed over shards) go up as
+    they serve."""
+    def collections() -> int:
+        return int(json.loads(http(nsqd, "/stats?format=json"))["memory"]["gc_total_runs"])
+    before = collections()
+    sent = 0
+
+    def collected() -> bool:
+        nonlocal sent
+        for _ in range(50):
+            http(nsqd, f"/pub?topic=gc{sent % 4}", b"x" * 100)  # on both shards
+            sent += 1
+        return collections() > before
+    wait_for(collected, 30, what="a collection in a shard")
 
 
 @pytest.mark.parametrize("flag", ["--version", "--no-such-flag"])

@@ -29,6 +29,7 @@ it forked whose pid never reached the supervisor finds its control socket closed
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 import select
@@ -121,6 +122,7 @@ def _serve(sock: socket.socket, supervisor: int) -> NoReturn:
         signal.signal(signum, signal.SIG_IGN)
     try:
         worker = importlib.import_module(WORKER_MODULE)
+        gc.freeze()  # the collector is off (``cli.main``); a shard turns it on (``_fork_shard``)
         sock.send(READY)
     except BaseException:  # the supervisor spawns the shards instead, which report it
         os._exit(1)
@@ -146,6 +148,7 @@ def _fork_shard(sock: socket.socket, worker: ModuleType, supervisor: int, data: 
     worker's ``main`` does (no frame between here and ``nsqd``'s entry point catches it)."""
     pid = os.fork()
     if pid == 0:
+        gc.enable()  # its collections skip what the zygote froze: those pages stay shared
         sock.close()
         _adopted(supervisor)
         raise SystemExit(worker.forked(data.decode(), fds))

@@ -19,11 +19,9 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
 
 from pynsqd import NSQ_VERSION, logs
 from pynsqd.httpkit import (
@@ -37,6 +35,7 @@ from pynsqd.httpkit import (
     error_response,
     parse_query,
 )
+from pynsqd.lazyimport import lazy_module
 from pynsqd.node.config import NsqdOptions
 from pynsqd.options import config_value
 from pynsqd.shard.broker import RING_RETRY, Backpressure, Broker, BrokerError
@@ -47,10 +46,18 @@ from pynsqd.wire.commands import parse_mpub_body
 from pynsqd.wire.errors import ProtocolError
 from pynsqd.wire.names import is_valid_name
 
+if TYPE_CHECKING:
+    from starlette import requests, responses
+    from starlette.requests import Request
+    from starlette.responses import Response
+else:  # the framework loads with the first routed request: publishes and /ping need none of it
+    requests = lazy_module("starlette.requests")
+    responses = lazy_module("starlette.responses")
+
 log = logging.getLogger("pynsqd.shard")
 
 QUERY_CACHE = 1024  # publish query strings remembered (parsed and checked)
-Handler = Callable[[Request], Awaitable[Response]]
+Handler = Callable[["Request"], Awaitable["Response"]]
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
                    Awaitable[None]]
 
@@ -118,7 +125,7 @@ class NsqdHTTP:
         whose route exists is redirected (307) to the path without it."""
         method, path = scope["method"], scope["path"]
         match = self.routes.match("GET" if method == "HEAD" else method, path)
-        request = Request({**scope, "path_params": match.params}, receive)
+        request = requests.Request({**scope, "path_params": match.params}, receive)
         if match.handler is None:
             return route_miss(self.routes, match, request) or error_response(404, "NOT_FOUND")
         try:
@@ -222,8 +229,8 @@ class NsqdHTTP:
     # --- node -----------------------------------------------------------------------------
     async def ping(self, request: Request) -> Response:
         if self.broker.health != "OK":
-            return Response(self.broker.health, status_code=500, media_type=TEXT_TYPE)
-        return Response("OK", media_type=TEXT_TYPE)
+            return responses.Response(self.broker.health, status_code=500, media_type=TEXT_TYPE)
+        return responses.Response("OK", media_type=TEXT_TYPE)
 
     async def info_route(self, request: Request) -> Response:
         return api_response({"version": NSQ_VERSION, **self.info})
@@ -355,7 +362,7 @@ def route_miss(table: RouteTable[Any], match: Match[Any], request: Request) -> R
     path = request.scope["path"]
     bare = path.rstrip("/")
     if path != "/" and bare != path and table.routes(bare):
-        return RedirectResponse(request.url.replace(path=bare))
+        return responses.RedirectResponse(request.url.replace(path=bare))
     return None
 
 
@@ -401,6 +408,14 @@ async def _read_body(receive: Callable[[], Awaitable[Any]], limit: int) -> bytes
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+async def send_plain(send: Callable[[Any], Awaitable[None]], status: int, body: bytes) -> None:
+    """A ``text/plain`` answer with the headers of the route table's (``/ping``'s: nsqd's
+    plain-text routes have no ``X-NSQ-Content-Type``)."""
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-length", b"%d" % len(body)), (b"content-type", TEXT_TYPE.encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _send(send: Callable[[Any], Awaitable[None]], status: int, body: bytes, content_type: str) -> None:

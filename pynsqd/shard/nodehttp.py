@@ -28,13 +28,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
 
-from pynsqd.httpkit import TEXT_TYPE, HTTPError, RouteTable, api_response, error_response, parse_query
+from pynsqd.httpkit import HTTPError, RouteTable, api_response, error_response, parse_query
 from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.control import CALL_WAIT, PROXY_WAIT, ControlChannel
 from pynsqd.node.messages import (
@@ -48,11 +46,14 @@ from pynsqd.node.messages import (
     ShardDocuments,
     StatsRequest,
 )
-from pynsqd.shard.http import NsqdHTTP, route_miss
+from pynsqd.shard.http import NsqdHTTP, requests, responses, route_miss, send_plain
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
 from pynsqd.shard.stats import format_text, stats_request
 from pynsqd.wire.names import is_valid_name
+
+if TYPE_CHECKING:
+    from starlette.responses import Response
 
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
@@ -139,15 +140,16 @@ class NodeHTTP:
             if path.startswith(("/stats", "/metrics")):
                 match = self.routes.match("GET" if method == "HEAD" else method, path)
                 response = (await match.handler(scope) if match.handler is not None
-                            else route_miss(self.routes, match, Request(scope, receive)))
+                            else route_miss(self.routes, match, requests.Request(scope, receive)))
                 if response is not None:
                     await response(scope, receive, send)
                     return
-            if path == "/ping" and method == "GET" and self.app.broker.health == "OK":
-                health = await self._node_health()
-                if health != "OK":
-                    await Response(health, status_code=500, media_type=TEXT_TYPE)(scope, receive, send)
-                    return
+            if path == "/ping" and method in ("GET", "HEAD"):  # answered without the framework
+                health = self.app.broker.health
+                if health == "OK":
+                    health = await self._node_health()
+                await send_plain(send, 200 if health == "OK" else 500, health.encode())
+                return
             if path.startswith(("/topic/", "/channel/")):
                 owner = self._owner_of(scope)
                 if owner is not None and owner != self.shard.index:
@@ -223,7 +225,7 @@ class NodeHTTP:
         doc = merge_stats([docs[i] for i in sorted(docs)], node["supervisor"], request.topic)
         doc["start_time"] = node["start_time"]
         if prometheus:
-            return Response(exposition(doc, self.app.opts.data_dir), media_type=PROMETHEUS_TYPE)
+            return responses.Response(exposition(doc, self.app.opts.data_dir), media_type=PROMETHEUS_TYPE)
         if fmt == "json":
             return api_response(doc)
         return api_response(format_text(doc, start_ns=self.app.broker.start_ns))

@@ -5,10 +5,16 @@ flags: the zygote imports the shards' code on the other core meanwhile, which is
 node's start-up. So this module imports nothing heavy, and ``command.py`` is imported after
 the fork. A run that ends without using the zygote (``--version``, a bad flag, an upgrade's
 new image, which inherits running shards) kills it.
+
+The collector is off until the imports are done: what an import makes lives as long as the
+process, and the collector would walk it again and again as it is made. Each process freezes
+what it imported before turning it back on (``gc.freeze``), the zygote before it forks, so a
+shard's collections never touch, and so never copy, the pages it shares with the zygote.
 """
 
 from __future__ import annotations
 
+import gc
 import resource
 
 from pynsqd.node.zygote import Zygote
@@ -28,6 +34,7 @@ def raise_descriptor_limit() -> None:
 
 
 def main() -> None:
+    gc.disable()  # until the imports are done: see the module doc
     raise_descriptor_limit()  # before the fork: the zygote's shards inherit it too
     zygote = Zygote.start()  # a shard it forks never returns from here (``zygote.py``)
     try:

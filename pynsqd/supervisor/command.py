@@ -6,6 +6,7 @@ the shared memory of stopped nodes whose data path is gone (``node/shmowner.py``
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import sys
 
@@ -39,6 +40,8 @@ def _main(argv: list[str], zygote: Zygote | None) -> int:
         zygote = None
     supervisor = Supervisor(opts, opts.shards, inherited, zygote)
     supervisor.argv = list(argv)
+    gc.freeze()  # the collector was off since ``cli.main``: what is here now stays
+    gc.enable()
     return uvloop.run(supervisor.main())
 
 

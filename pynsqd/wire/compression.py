@@ -20,10 +20,16 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import cramjam
-import snappy
+from pynsqd.lazyimport import lazy_module
+
+if TYPE_CHECKING:
+    import cramjam
+    import snappy
+else:  # loaded by the first connection that asks for snappy
+    cramjam = lazy_module("cramjam")
+    snappy = lazy_module("snappy")
 
 MAX_PIECE = 256 * 1024
 DEFAULT_DEFLATE_LEVEL = 6
