@@ -4,11 +4,14 @@ fresh interpreters of the code installed then; a run that stops early leaves not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +81,44 @@ def test_a_restarted_shard_is_a_fresh_interpreter_of_the_installed_code(nsqd: Da
     wait_for(lambda: http(nsqd, "/ping") == b"OK", 20, what="the node ready again")
     for topic in ("t0", "t1", "t2", "t3"):  # on both shards
         assert http(nsqd, f"/pub?topic={topic}", b"x") == b"OK"
+
+
+def test_without_its_zygote_a_node_spawns_its_shards_and_serves(tmp_path: Path) -> None:
+    """The zygote killed while it imports (it is ``nsqd``'s first child, forked before
+    anything else): the supervisor says so and spawns every shard as a fresh interpreter,
+    and the node serves on both shards."""
+    (tmp_path / "data").mkdir()
+    daemon = Daemon("pynsqd.supervisor", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                                          f"--data-path={tmp_path / 'data'}", "--shards=2"])
+    killed: list[int] = []
+
+    def kill_the_zygote() -> None:
+        end = time.monotonic() + scaled(10)
+        while time.monotonic() < end and not killed:
+            if daemon.proc is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    for child in psutil.Process(daemon.proc.pid).children():
+                        child.kill()
+                        killed.append(child.pid)
+            time.sleep(0.001)
+    killer = threading.Thread(target=kill_the_zygote)
+    killer.start()
+    try:
+        daemon.start()
+        killer.join()
+        assert killed
+        assert "the zygote did not start: spawning the shards" in daemon.output, daemon.output
+        assert daemon.output.count("spawned)") == 2, daemon.output
+        assert "forked by the zygote" not in daemon.output
+        workers = [p for p in shards(daemon) if "pynsqd.shard.worker" in p.cmdline()]
+        assert len(workers) == 2
+        wait_for(lambda: http(daemon, "/ping") == b"OK", 20, what="the node serving")
+        for topic in ("t0", "t1", "t2", "t3"):  # on both shards
+            assert http(daemon, f"/pub?topic={topic}", b"x") == b"OK"
+    finally:
+        killer.join()
+        daemon.stop()
+        remove_segments([daemon])
 
 
 def test_forked_shards_collect_garbage(nsqd: Daemon) -> None:
