@@ -64,6 +64,7 @@ def test_the_first_shards_are_forks_of_the_zygote_and_the_first_ping_means_servi
     for shard in forked:
         assert shard.cmdline() == supervisor.cmdline()
         assert shard.ppid() == supervisor.pid
+    assert sorted(shard.name() for shard in forked) == ["nsqd-shard-0", "nsqd-shard-1"]  # for top and ps
     assert nsqd.output.count("forked by the zygote") == 2, nsqd.output
 
 
@@ -71,6 +72,8 @@ def test_a_restarted_shard_is_a_fresh_interpreter_of_the_installed_code(nsqd: Da
     """The zygote served the first boot only: a shard restarted after a crash runs the code
     installed now (``pynsqd.shard.worker`` started anew), and serves."""
     victim = shards(nsqd)[0]
+    name = victim.name()
+    assert name.startswith("nsqd-shard-")
     victim.send_signal(signal.SIGKILL)
     nsqd.wait_for_log(r"shard \d: started \(pid \d+, spawned\)")
 
@@ -81,6 +84,7 @@ def test_a_restarted_shard_is_a_fresh_interpreter_of_the_installed_code(nsqd: Da
     wait_for(lambda: http(nsqd, "/ping") == b"OK", 20, what="the node ready again")
     for topic in ("t0", "t1", "t2", "t3"):  # on both shards
         assert http(nsqd, f"/pub?topic={topic}", b"x") == b"OK"
+    wait_for(lambda: fresh.name() == name, 20, what="its name, nsqd-shard-N, once it runs")
 
 
 def test_without_its_zygote_a_node_spawns_its_shards_and_serves(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ supervisor is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so the kernel make
 shard's parent at once, and the shard waits for that (``_adopted``) before it runs. From
 there a forked shard is like a spawned one: the supervisor reaps it, its
 ``PR_SET_PDEATHSIG`` names the supervisor, an upgrade's ``execve`` keeps it. Only its command
-line and environment are the supervisor's (the supervisor's log names its pid).
+line and environment are the supervisor's: its name (``/proc/PID/comm``, what ``top`` shows)
+says ``nsqd-shard-N``, as a spawned shard's does.
 
 The zygote serves the first boot only: the supervisor closes its socket once every shard of
 that boot is started, and it ends (``close``); it is killed if the supervisor ends first (a

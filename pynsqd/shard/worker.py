@@ -122,6 +122,7 @@ from pynsqd.signals import signals_to
 log = logging.getLogger("pynsqd.shard")
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 DRAIN_POLL = 0.01  # seconds between checks for in-flight messages at shutdown
 
 
@@ -132,6 +133,14 @@ def die_with_parent(parent: int) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)
+
+
+def name_process(index: int) -> None:
+    """``nsqd-shard-N`` as this process's name (``/proc/PID/comm``: what ``top``, ``ps -o
+    comm`` and ``pgrep`` show), for a forked shard has the supervisor's command line and a
+    spawned one Python's."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, f"nsqd-shard-{index}".encode()[:15], 0, 0, 0)
 
 
 class ShardWorker:
@@ -558,6 +567,7 @@ def forked(config: str, fds: list[int]) -> int:
 def run(boot: BootConfig) -> int:
     """Serve as shard ``boot.index`` until told to stop; the exit status."""
     die_with_parent(boot.parent)
+    name_process(boot.index)
     # the supervisor coordinates Ctrl-C, reloads and upgrades (a signal sent to the whole
     # process group, or by ``systemctl kill``, must not stop a shard)
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
