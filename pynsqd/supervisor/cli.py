@@ -3,8 +3,8 @@
 ``nsqd`` forks the zygote (``node/zygote.py``) before it imports its own modules or reads its
 flags: the zygote imports the shards' code on the other core meanwhile, which is most of a
 node's start-up. So this module imports nothing heavy, and ``command.py`` is imported after
-the fork. A run that ends without using the zygote (``--version``, a bad flag, an upgrade's
-new image, which inherits running shards) kills it.
+the fork. An upgrade's new image, which inherits running shards (``INHERITED_ENV``), starts
+none; a run that ends without using it (``--version``, a bad flag) kills it.
 
 The collector is off until the imports are done: what an import makes lives as long as the
 process, and the collector would walk it again and again as it is made. Each process freezes
@@ -15,9 +15,11 @@ shard's collections never touch, and so never copy, the pages it shares with the
 from __future__ import annotations
 
 import gc
+import os
 import resource
 
 from pynsqd.node.zygote import Zygote
+from pynsqd.supervisor import INHERITED_ENV
 
 
 def raise_descriptor_limit() -> None:
@@ -36,12 +38,14 @@ def raise_descriptor_limit() -> None:
 def main() -> None:
     gc.disable()  # until the imports are done: see the module doc
     raise_descriptor_limit()  # before the fork: the zygote's shards inherit it too
-    zygote = Zygote.start()  # a shard it forks never returns from here (``zygote.py``)
+    # a shard the zygote forks never returns from here (``zygote.py``)
+    zygote = None if INHERITED_ENV in os.environ else Zygote.start()
     try:
         from pynsqd.supervisor.command import nsqd  # after the fork: see the module doc
         nsqd(zygote)
     finally:
-        zygote.close()
+        if zygote is not None:
+            zygote.close()
 
 
 def reclaim_main() -> None:

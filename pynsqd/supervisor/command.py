@@ -34,10 +34,7 @@ def _main(argv: list[str], zygote: Zygote | None) -> int:
     if os.environ.get(IMPORT_CHECK):  # an upgrade's preflight: the installed code runs this far
         return 0
     logs.setup(opts.log_prefix, opts.log_level)
-    inherited = Inherited.from_environment()
-    if inherited is not None and zygote is not None:  # the shards run already
-        zygote.close()
-        zygote = None
+    inherited = Inherited.from_environment()  # then ``cli.main`` started no zygote
     supervisor = Supervisor(opts, opts.shards, inherited, zygote)
     supervisor.argv = list(argv)
     gc.freeze()  # the collector was off since ``cli.main``: what is here now stays

@@ -58,12 +58,13 @@ from pynsqd.node.boot import IMPORT_CHECK, same_code_command, worker_command
 from pynsqd.node.config import NsqdOptions
 from pynsqd.node.messages import Done, Hold, Resume
 from pynsqd.shm.sizing import LogSizing
+from pynsqd.supervisor import INHERITED_ENV
 from pynsqd.supervisor.reload import Operation, Reloader, reread
 from pynsqd.supervisor.slots import Slot
 
 log = logging.getLogger("pynsqd.supervisor")
 
-ENV = "PYNSQD_SUPERVISOR"  # the inherited state, for the new image
+ENV = INHERITED_ENV  # the inherited state, for the new image
 PREFLIGHT_WAIT = 60.0  # seconds for the preflight's processes
 QUIESCE_WAIT = 10.0  # seconds for what is under way to finish before the execve
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)  # the supervisor's
