@@ -100,7 +100,7 @@ class NsqdHTTP:
                        send: Callable[[Any], Awaitable[None]]) -> None:
         path = scope.get("path") if scope["type"] == "http" else None
         if self.tls_required_port and path is not None and scope.get("scheme") != "https":
-            await _send(send, 403, self.tls_required_body(), JSON_TYPE)
+            await send_answer(send, 403, self.tls_required_body(), JSON_TYPE)
             return
         if path == "/pub" or path == "/mpub":
             try:
@@ -111,9 +111,9 @@ class NsqdHTTP:
                 for action, args in self.publish_steps(path, scope.get("query_string", b""), body):
                     await _until_room(action, *args)
             except HTTPError as exc:
-                await _send(send, exc.status, orjson.dumps({"message": exc.message}), JSON_TYPE)
+                await send_answer(send, exc.status, orjson.dumps({"message": exc.message}), JSON_TYPE)
             else:
-                await _send(send, 200, b"OK", TEXT_TYPE)
+                await send_answer(send, 200, b"OK", TEXT_TYPE)
             return
         if scope["type"] == "http":
             response = await self._route(scope, receive)
@@ -410,15 +410,12 @@ async def _read_body(receive: Callable[[], Awaitable[Any]], limit: int) -> bytes
             return b"".join(chunks)
 
 
-async def send_plain(send: Callable[[Any], Awaitable[None]], status: int, body: bytes) -> None:
-    """A ``text/plain`` answer with the headers of the route table's (``/ping``'s: nsqd's
-    plain-text routes have no ``X-NSQ-Content-Type``)."""
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-length", b"%d" % len(body)), (b"content-type", TEXT_TYPE.encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _send(send: Callable[[Any], Awaitable[None]], status: int, body: bytes, content_type: str) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", content_type.encode()), (b"content-length", b"%d" % len(body)), NSQ_HEADER]})
+async def send_answer(send: Callable[[Any], Awaitable[None]], status: int, body: bytes, content_type: str,
+                      nsq_header: bool = True) -> None:
+    """An answer on raw ASGI: ``body`` with its type and length, and NSQ's
+    ``X-NSQ-Content-Type`` unless ``nsq_header`` is False (nsqd's plain-text routes, ``/ping``)."""
+    headers = [(b"content-type", content_type.encode()), (b"content-length", b"%d" % len(body))]
+    if nsq_header:
+        headers.append(NSQ_HEADER)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

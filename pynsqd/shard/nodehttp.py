@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from pynsqd.httpkit import HTTPError, RouteTable, api_response, error_response, parse_query
+from pynsqd.httpkit import TEXT_TYPE, HTTPError, RouteTable, api_response, error_response, parse_query
 from pynsqd.node.aggregate import merge_stats
 from pynsqd.node.control import CALL_WAIT, PROXY_WAIT, ControlChannel
 from pynsqd.node.messages import (
@@ -46,7 +46,7 @@ from pynsqd.node.messages import (
     ShardDocuments,
     StatsRequest,
 )
-from pynsqd.shard.http import NsqdHTTP, requests, responses, route_miss, send_plain
+from pynsqd.shard.http import NsqdHTTP, requests, responses, route_miss, send_answer
 from pynsqd.shard.metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from pynsqd.shard.metrics import exposition
 from pynsqd.shard.stats import format_text, stats_request
@@ -148,7 +148,7 @@ class NodeHTTP:
                 health = self.app.broker.health
                 if health == "OK":
                     health = await self._node_health()
-                await send_plain(send, 200 if health == "OK" else 500, health.encode())
+                await send_answer(send, 200 if health == "OK" else 500, health.encode(), TEXT_TYPE, nsq_header=False)
                 return
             if path.startswith(("/topic/", "/channel/")):
                 owner = self._owner_of(scope)

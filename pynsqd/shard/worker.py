@@ -126,11 +126,15 @@ PR_SET_NAME = 15
 DRAIN_POLL = 0.01  # seconds between checks for in-flight messages at shutdown
 
 
+def _prctl(option: int, arg: int | bytes) -> None:
+    """``prctl(option, arg)``; nothing where libc has none (the caller's wish is then lost)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+
+
 def die_with_parent(parent: int) -> None:
     """Have the kernel SIGKILL us when the supervisor dies (and check it is still there)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
 
@@ -139,8 +143,7 @@ def name_process(index: int) -> None:
     """``nsqd-shard-N`` as this process's name (``/proc/PID/comm``: what ``top``, ``ps -o
     comm`` and ``pgrep`` show), for a forked shard has the supervisor's command line and a
     spawned one Python's."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, f"nsqd-shard-{index}".encode()[:15], 0, 0, 0)
+    _prctl(PR_SET_NAME, f"nsqd-shard-{index}".encode()[:15])
 
 
 class ShardWorker:
