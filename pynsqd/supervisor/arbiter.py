@@ -315,12 +315,12 @@ class Supervisor:
     def tend_shards(self, now: float) -> None:
         """Kill shards whose loop stopped beating; respawn dead ones whose restart is due."""
         for slot in self.slots:
+            quiet = now - slot.last_beat()  # read once: every decision below and its log agree
             if slot.pid and slot.is_ready:
-                self._check_stall(slot, now - slot.last_beat())
-            if slot.pid and slot.is_ready and now - slot.last_beat() > SHARD_TIMEOUT:
+                self._check_stall(slot, quiet)
+            if slot.pid and slot.is_ready and quiet > SHARD_TIMEOUT:
                 if slot.abort_sent is None:
-                    log.error("shard %d (pid %d): no heartbeat for %.1fs - SIGABRT", slot.index,
-                              slot.pid, now - slot.last_beat())
+                    log.error("shard %d (pid %d): no heartbeat for %.1fs - SIGABRT", slot.index, slot.pid, quiet)
                     slot.abort_sent = now
                     _kill(slot.pid, signal.SIGABRT)
                 elif now - slot.abort_sent > KILL_AFTER:
